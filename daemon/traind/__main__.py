@@ -1,0 +1,3 @@
+from traind.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Checkpoint detection, staging, streaming, retention and restore."""

@@ -1,0 +1,59 @@
+"""When is a checkpoint directory complete? A pure decision, tested without I/O.
+
+A directory becomes a candidate when one of its completion markers exists; it is snapshot
+at once (the trainer may rotate it away within milliseconds) and re-snapshot whenever its
+contents change. It is complete when the explicit traind marker exists, when nothing in it
+has changed for ``settle`` seconds, or when the trainer removed it after we snapshot it
+(trainers rotate only checkpoints they have finished). mtimes are compared for change only,
+never used to order checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+EXPLICIT_MARKER = ".traind-complete"
+"""Written by ``traind.integrations.hf.TraindCallback`` once a save has finished."""
+
+Signature = frozenset[tuple[str, int, int]]
+"""Every file of a directory as (relative path, size, mtime_ns)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one scan saw of a checkpoint directory."""
+
+    signature: Signature
+    has_marker: bool
+    explicit: bool
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A candidate already snapshot: the signature of that snapshot, and since when."""
+
+    signature: Signature
+    since: float
+
+
+class Action(Enum):
+    """What to do with a directory after a scan."""
+
+    WAIT = "wait"
+    STAGE = "stage"
+    COMPLETE = "complete"
+    IGNORE = "ignore"
+
+
+def decide(tracked: Tracked | None, seen: Observation | None, now: float, settle: float) -> Action:
+    """Decide the next step for one checkpoint directory."""
+    if seen is None:
+        return Action.COMPLETE if tracked is not None else Action.IGNORE
+    if not seen.has_marker and not seen.explicit:
+        return Action.WAIT
+    if tracked is None or seen.signature != tracked.signature:
+        return Action.STAGE
+    if seen.explicit or now - tracked.since >= settle:
+        return Action.COMPLETE
+    return Action.WAIT

@@ -1,0 +1,71 @@
+"""Apply the retention policy: delete what ``retention.py`` says may go, remotely and locally."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.restore import newest
+from traind.checkpoints.retention import Candidate, Verdict, plan_local, plan_remote
+from traind.checkpoints.watcher import candidates
+from traind.config import RetentionConfig
+from traind.storage.base import Storage
+
+log = structlog.get_logger("traind.retention")
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """Verdicts for the store and for output_dir."""
+
+    remote: list[Verdict]
+    local: list[Verdict]
+
+
+async def plan(
+    storage: Storage,
+    journal: Journal,
+    policy: RetentionConfig,
+    output_dir: Path,
+    pattern: str,
+) -> PrunePlan:
+    """Work out what retention would delete now, and why everything else stays."""
+    manifests = await storage.manifests()
+    latest = newest(manifests)
+    best = latest.trainer.best_tag if latest else None
+    remote = plan_remote([Candidate(m.tag, m.step) for m in manifests], policy, best)
+    known = {e.tag for e in await journal.entries("committed", "pruned")}
+    committed = known | {m.tag for m in manifests}
+    present = await asyncio.to_thread(candidates, output_dir, pattern)
+    local = plan_local(
+        [Candidate(t, s) for t, s in present.items()], committed, policy.keep_local
+    )
+    return PrunePlan(remote, local)
+
+
+async def prune(
+    storage: Storage,
+    journal: Journal,
+    policy: RetentionConfig,
+    output_dir: Path,
+    pattern: str,
+) -> PrunePlan:
+    """Delete what the plan lets go; return the plan that was applied."""
+    result = await plan(storage, journal, policy, output_dir, pattern)
+    for v in result.remote:
+        if not v.keep:
+            await storage.delete(v.tag)
+            if await journal.get(v.tag) is not None:
+                await journal.set_state(v.tag, "pruned")
+            log.info("checkpoint_pruned", where="remote", tag=v.tag, step=v.step, reason=v.reason,
+                     backend=storage.describe)
+    for v in result.local:
+        if not v.keep:
+            await asyncio.to_thread(shutil.rmtree, output_dir / v.tag, True)
+            log.info("checkpoint_pruned", where="local", tag=v.tag, step=v.step, reason=v.reason)
+    return result

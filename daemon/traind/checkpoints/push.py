@@ -1,0 +1,44 @@
+"""``traind push``: commit one checkpoint directory by hand, through the same pipeline.
+
+The directory is snapshot into a private staging area and committed by the streamer, so a
+manual push is verified and journalled exactly like one the daemon found itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.watcher import parse_step
+from traind.config import Settings
+from traind.errors import TraindError
+from traind.progress import Progress, shown
+from traind.storage.factory import open_storage
+from traind.storage.keys import check_tag
+
+
+async def push(settings: Settings, source: Path, tag: str | None = None) -> Manifest:
+    """Snapshot, upload and commit ``source``; return its manifest."""
+    if not source.is_dir():
+        raise TraindError(f"{source} is not a directory")
+    tag = check_tag(tag or source.resolve().name)
+    step = parse_step(tag)
+    if step is None:
+        raise TraindError(f"cannot read a step number from tag {tag!r}; pass --tag checkpoint-N")
+    state_dir = settings.run.state_dir
+    storage = open_storage(settings.storage, settings.run.name)
+    journal = Journal.in_state_dir(state_dir)
+    try:
+        streamer = Streamer(settings.run.name, state_dir, storage, journal)
+        if not await streamer.stage(tag, step, source):
+            raise TraindError(f"{source} could not be snapshot (see the log)")
+        await journal.set_state(tag, "ready")
+        files = await journal.files(tag)
+        total = sum(f.size for f in files)
+        async with shown(Progress(total), f"push {tag}") as progress:
+            return await streamer.commit(tag, progress)
+    finally:
+        await storage.aclose()
+        journal.close()

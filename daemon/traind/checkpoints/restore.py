@@ -1,0 +1,74 @@
+"""Restore: download into a temporary directory beside the destination, verify, rename.
+
+A checkpoint that fails verification is an error and is never renamed into place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import structlog
+
+from traind.checkpoints.manifest import Manifest, verify
+from traind.errors import NotFoundError, StorageError
+from traind.progress import Progress
+from traind.storage.base import Storage
+
+log = structlog.get_logger("traind.restore")
+
+
+def newest(manifests: list[Manifest]) -> Manifest | None:
+    """The committed checkpoint with the highest step (ties: the latest created)."""
+    return max(manifests, key=lambda m: (m.step, m.created_at), default=None)
+
+
+async def find(storage: Storage, tag: str) -> Manifest:
+    """The manifest for ``tag``, or for the newest checkpoint when ``tag`` is ``latest``."""
+    manifests = await storage.manifests()
+    if tag == "latest":
+        found = newest(manifests)
+    else:
+        found = next((m for m in manifests if m.tag == tag), None)
+    if found is None:
+        have = ", ".join(sorted(m.tag for m in manifests)) or "none"
+        raise NotFoundError(f"no committed checkpoint {tag!r} in {storage.describe} (have: {have})")
+    return found
+
+
+async def restore(
+    storage: Storage, manifest: Manifest, parent: Path, progress: Progress | None = None
+) -> Path:
+    """Restore ``manifest`` as ``parent/<tag>`` and return that path."""
+    dest = parent / manifest.tag
+    if dest.exists():
+        raise StorageError(f"{dest} already exists; refusing to overwrite it")
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".{manifest.tag}.traind-restore-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    progress = progress or Progress(manifest.total_bytes)
+    started = time.monotonic()
+    try:
+        hashes = await storage.download(manifest, tmp, progress.advance)
+        sizes = await asyncio.to_thread(_sizes, tmp, [f.path for f in manifest.files])
+        verify(manifest, {p: (sizes[p], h) for p, h in hashes.items() if p in sizes})
+        await asyncio.to_thread(os.rename, tmp, dest)
+    except BaseException:
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+        raise
+    seconds = time.monotonic() - started
+    log.info(
+        "checkpoint_restored", tag=manifest.tag, step=manifest.step, files=len(manifest.files),
+        bytes=manifest.total_bytes, seconds=round(seconds, 3),
+        mb_per_s=round(manifest.total_bytes / 1e6 / max(seconds, 1e-9), 1),
+        backend=storage.describe, dest=str(dest),
+    )
+    return dest
+
+
+def _sizes(root: Path, paths: list[str]) -> dict[str, int]:
+    return {p: (root / p).stat().st_size for p in paths if (root / p).is_file()}

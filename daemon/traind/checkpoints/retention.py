@@ -1,0 +1,84 @@
+"""Retention: which checkpoints to delete, as pure functions with their reasons.
+
+Never deleted: the newest committed checkpoint, the trainer's best (with ``keep_best``),
+anything protected (being restored), and — locally — anything not yet committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from traind.config import RetentionConfig
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A checkpoint as retention sees it."""
+
+    tag: str
+    step: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Keep or delete one checkpoint, and why."""
+
+    tag: str
+    step: int
+    keep: bool
+    reason: str
+
+
+def plan_remote(
+    committed: Sequence[Candidate],
+    policy: RetentionConfig,
+    best: str | None = None,
+    protected: Collection[str] = (),
+) -> list[Verdict]:
+    """Decide, for every committed checkpoint in the store, whether it stays."""
+    ordered = sorted(committed, key=lambda c: c.step, reverse=True)
+    verdicts = []
+    for rank, c in enumerate(ordered):
+        if rank == 0:
+            reason = "newest"
+        elif rank < policy.keep_last:
+            reason = f"among the last {policy.keep_last}"
+        elif policy.keep_every_steps and c.step % policy.keep_every_steps == 0:
+            reason = f"step is a multiple of keep_every_steps={policy.keep_every_steps}"
+        elif policy.keep_best and best is not None and c.tag == best:
+            reason = "trainer's best checkpoint"
+        elif c.tag in protected:
+            reason = "being restored"
+        else:
+            why = f"older than the last {policy.keep_last}"
+            verdicts.append(Verdict(c.tag, c.step, False, why))
+            continue
+        verdicts.append(Verdict(c.tag, c.step, True, reason))
+    return verdicts
+
+
+def plan_local(
+    present: Sequence[Candidate],
+    committed: Collection[str],
+    keep_local: int | None,
+    protected: Collection[str] = (),
+) -> list[Verdict]:
+    """Decide, for every checkpoint directory in output_dir, whether it stays on disk."""
+    ordered = sorted(present, key=lambda c: c.step, reverse=True)
+    verdicts = []
+    for rank, c in enumerate(ordered):
+        if keep_local is None:
+            reason = "keep_local is off"
+        elif rank < keep_local:
+            reason = f"among the last {keep_local} on disk"
+        elif c.tag not in committed:
+            reason = "not committed yet"
+        elif c.tag in protected:
+            reason = "in use"
+        else:
+            why = f"committed, older than the last {keep_local}"
+            verdicts.append(Verdict(c.tag, c.step, False, why))
+            continue
+        verdicts.append(Verdict(c.tag, c.step, True, reason))
+    return verdicts

@@ -1,0 +1,128 @@
+"""Snapshot: hard-link a checkpoint's files into the staging area (copy when impossible).
+
+Linking takes milliseconds and keeps the data alive even when the trainer's own rotation
+(``save_total_limit``) deletes the original while it is being stored. The snapshot is built
+in ``<tag>.tmp`` and renamed into place, so a staged snapshot is always a whole one.
+Symlinks are never followed out of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from traind.checkpoints.completion import EXPLICIT_MARKER, Observation, Signature
+from traind.errors import TraindError
+from traind.storage.base import LocalFile
+from traind.storage.keys import check_relpath
+
+
+class SourceVanishedError(TraindError):
+    """The checkpoint directory disappeared while it was being snapshot."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A staged checkpoint: its files, what could not simply be linked, and the newest
+    mtime among them (to measure detection latency)."""
+
+    files: tuple[LocalFile, ...]
+    copied: int
+    skipped_symlinks: tuple[str, ...]
+    newest_mtime: float
+
+    @property
+    def total_bytes(self) -> int:
+        """The sum of the staged files' sizes."""
+        return sum(f.size for f in self.files)
+
+
+def walk(root: Path) -> list[tuple[str, Path]]:
+    """Every regular file under ``root`` as (relative posix path, path to read).
+
+    A symlink is included (as the file it points to) only when it resolves to a regular
+    file inside ``root``; others are reported with a path of ``None``-like empty Path.
+    """
+    found: list[tuple[str, Path]] = []
+    real_root = root.resolve()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames) + [d for d in dirnames if Path(dirpath, d).is_symlink()]:
+            path = Path(dirpath, name)
+            rel = path.relative_to(root).as_posix()
+            if rel == EXPLICIT_MARKER:
+                continue
+            if path.is_symlink():
+                target = path.resolve()
+                inside = target.is_relative_to(real_root) and target.is_file()
+                found.append((rel, target if inside else Path()))
+            else:
+                found.append((rel, path))
+    return found
+
+
+def observe(root: Path, markers: tuple[str, ...]) -> Observation | None:
+    """Scan a checkpoint directory; None when it does not exist (any more)."""
+    try:
+        signature: Signature = frozenset(
+            (rel, (st := os.stat(path)).st_size, st.st_mtime_ns)
+            for rel, path in walk(root)
+            if path != Path()
+        )
+        has_marker = any((root / m).exists() for m in markers)
+        explicit = (root / EXPLICIT_MARKER).exists()
+    except FileNotFoundError:
+        return None
+    if not root.is_dir():
+        return None
+    return Observation(signature, has_marker, explicit)
+
+
+def take(src: Path, dest: Path) -> Snapshot:
+    """Snapshot ``src`` into ``dest`` (replacing an older snapshot there)."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    files: list[LocalFile] = []
+    newest = 0.0
+    copied = 0
+    skipped: list[str] = []
+    try:
+        entries = walk(src)
+        if not src.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "checkpoint directory vanished", str(src))
+        for rel, path in entries:
+            if path == Path():
+                skipped.append(rel)
+                continue
+            check_relpath(rel)
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if _link_or_copy(path, target):
+                copied += 1
+            st = target.stat()
+            newest = max(newest, st.st_mtime)
+            files.append(LocalFile(rel, st.st_size))
+    except FileNotFoundError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SourceVanishedError(f"{src} vanished while being snapshot: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(dest, ignore_errors=True)
+    os.rename(tmp, dest)
+    return Snapshot(tuple(files), copied, tuple(skipped), newest)
+
+
+def _link_or_copy(src: Path, dst: Path) -> bool:
+    """Hard-link ``src`` to ``dst``; copy instead when linking is impossible. True if copied."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+    shutil.copyfile(src, dst)
+    return True

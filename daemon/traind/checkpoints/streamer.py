@@ -1,0 +1,163 @@
+"""The streamer: snapshot complete checkpoints into staging, upload them, commit manifests.
+
+``stage`` and ``complete`` are the watcher's callbacks; ``run`` drains the queue of complete
+checkpoints. Upload failures never drop a checkpoint: it is retried later with backoff, and
+the journal keeps every finished file, so nothing is sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from traind.checkpoints import snapshot
+from traind.checkpoints.journal import Journal, JournalSession
+from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts
+from traind.errors import StorageError, TraindError
+from traind.progress import Progress
+from traind.storage.base import LocalFile, Storage
+
+log = structlog.get_logger("traind.streamer")
+
+OnCommit = Callable[[Manifest], Awaitable[None]]
+
+
+class Streamer:
+    """Owns the staging area and the queue of checkpoints waiting to be committed."""
+
+    def __init__(
+        self,
+        run: str,
+        state_dir: Path,
+        storage: Storage,
+        journal: Journal,
+        on_commit: OnCommit | None = None,
+        retry_initial: float = 1.0,
+        retry_max: float = 300.0,
+    ) -> None:
+        self._run = run
+        self.staging = state_dir / "staging"
+        self.storage = storage
+        self._journal = journal
+        self._on_commit = on_commit
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._failures: dict[str, int] = {}
+        self._retry = (retry_initial, retry_max)
+        self.current: tuple[str, Progress] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def queued(self) -> int:
+        """How many checkpoints wait for upload."""
+        return self._queue.qsize()
+
+    # -- watcher callbacks ----------------------------------------------------------------
+
+    async def stage(self, tag: str, step: int, source: Path) -> bool:
+        """Snapshot ``source`` into staging and journal it; False if it vanished first."""
+        started = time.monotonic()
+        self.staging.mkdir(parents=True, exist_ok=True)
+        try:
+            snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag)
+        except snapshot.SourceVanishedError as exc:
+            log.warning("checkpoint_vanished", tag=tag, step=step, error=str(exc))
+            return False
+        except (TraindError, OSError) as exc:
+            log.error("checkpoint_unusable", tag=tag, step=step, error=str(exc))
+            return False
+        await self._journal.staged(tag, step, source, snap.files)
+        log.info(
+            "checkpoint_staged", tag=tag, step=step, files=len(snap.files),
+            bytes=snap.total_bytes, copied=snap.copied,
+            seconds=round(time.monotonic() - started, 4),
+            since_last_write=round(time.time() - snap.newest_mtime, 4),
+        )
+        if snap.copied:
+            log.warning("hardlink_impossible_copied", tag=tag, files=snap.copied)
+        if snap.skipped_symlinks:
+            log.warning("symlinks_skipped", tag=tag, paths=list(snap.skipped_symlinks))
+        return True
+
+    async def complete(self, tag: str, step: int) -> None:
+        """The snapshot of ``tag`` is final: queue it for upload."""
+        await self._journal.set_state(tag, "ready")
+        log.info("checkpoint_complete", tag=tag, step=step)
+        self._queue.put_nowait(tag)
+
+    def enqueue(self, tag: str) -> None:
+        """Queue an already-ready checkpoint (after a restart)."""
+        self._queue.put_nowait(tag)
+
+    # -- upload loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Commit queued checkpoints one at a time, until cancelled."""
+        while True:
+            tag = await self._queue.get()
+            self._idle.clear()
+            try:
+                await self.commit(tag)
+                self._failures.pop(tag, None)
+            except (StorageError, OSError) as exc:
+                self._retry_later(tag, exc)
+            finally:
+                self.current = None
+                if self._queue.empty():
+                    self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is queued or in flight."""
+        await self._idle.wait()
+
+    def _retry_later(self, tag: str, exc: BaseException) -> None:
+        n = self._failures[tag] = self._failures.get(tag, 0) + 1
+        initial, cap = self._retry
+        delay = min(cap, initial * 2 ** (n - 1))
+        log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
+        asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
+
+    async def commit(self, tag: str, progress: Progress | None = None) -> Manifest:
+        """Upload what is not stored yet of ``tag``, then write its manifest."""
+        entry = await self._journal.get(tag)
+        if entry is None:
+            raise StorageError(f"checkpoint {tag} is not in the journal")
+        root = self.staging / tag
+        started = time.monotonic()
+        await self._journal.begin_upload(tag, self.storage.describe)
+        stored = await self._journal.files(tag)
+        pending = [LocalFile(f.path, f.size) for f in stored if f.sha256 is None]
+        progress = progress or Progress(sum(f.size for f in pending))
+        self.current = (tag, progress)
+        if pending:
+            session = JournalSession(self._journal, tag, progress.advance)
+            await self.storage.upload(tag, root, pending, session)
+        stored = await self._journal.files(tag)
+        missing = [f.path for f in stored if f.sha256 is None]
+        if missing:
+            raise StorageError(f"{tag}: backend did not store {', '.join(missing)}")
+        manifest = Manifest(
+            run=self._run,
+            tag=tag,
+            step=entry.step,
+            files=tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored),
+            trainer=await asyncio.to_thread(read_trainer_facts, root),
+        )
+        await self.storage.commit(manifest)
+        await self._journal.set_state(tag, "committed")
+        await asyncio.to_thread(shutil.rmtree, root, True)
+        seconds = time.monotonic() - started
+        log.info(
+            "checkpoint_committed", tag=tag, step=entry.step, files=len(stored),
+            bytes=manifest.total_bytes, sent_bytes=progress.done, seconds=round(seconds, 3),
+            mb_per_s=round(progress.done / 1e6 / max(seconds, 1e-9), 1),
+            backend=self.storage.describe,
+        )
+        if self._on_commit is not None:
+            await self._on_commit(manifest)
+        return manifest

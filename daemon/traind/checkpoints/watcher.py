@@ -1,0 +1,124 @@
+"""The watcher: finds complete checkpoint directories in the trainer's output_dir.
+
+Wake-ups come from inotify (through watchfiles) or, with ``force_polling`` (NFS), from
+polling; either way a scan runs at least every ``poll_interval`` so the settle timer
+advances. Everything already on disk at start-up is picked up by the first scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from pathlib import Path
+
+import structlog
+import watchfiles
+
+from traind.checkpoints.completion import Action, Observation, Tracked, decide
+from traind.checkpoints.snapshot import observe
+from traind.config import CheckpointsConfig
+
+log = structlog.get_logger("traind.watcher")
+_STEP = re.compile(r"(\d+)$")
+
+OnStage = Callable[[str, int, Path], Awaitable[bool]]
+OnComplete = Callable[[str, int], Awaitable[None]]
+
+
+def parse_step(tag: str) -> int | None:
+    """The step number at the end of a checkpoint directory name, if any."""
+    m = _STEP.search(tag)
+    return int(m[1]) if m else None
+
+
+def candidates(output_dir: Path, pattern: str) -> dict[str, int]:
+    """Directories in ``output_dir`` matching ``pattern`` with a step number: tag → step."""
+    found: dict[str, int] = {}
+    try:
+        entries = list(output_dir.iterdir())
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        name = entry.name
+        if fnmatch.fnmatchcase(name, pattern) and not entry.is_symlink() and entry.is_dir():
+            step = parse_step(name)
+            if step is not None:
+                found[name] = step
+    return found
+
+
+class Watcher:
+    """Scans ``output_dir`` and drives each candidate through stage → complete.
+
+    ``on_stage(tag, step, path)`` snapshots and returns False when the checkpoint must be
+    given up (vanished before it could be snapshot); ``on_complete(tag, step)`` hands the
+    snapshot on. Tags in ``done`` are never looked at again.
+    """
+
+    def __init__(
+        self,
+        config: CheckpointsConfig,
+        output_dir: Path,
+        on_stage: OnStage,
+        on_complete: OnComplete,
+        done: set[str],
+        tracked: Iterable[str] = (),
+    ) -> None:
+        self._config = config
+        self._dir = output_dir
+        self._on_stage = on_stage
+        self._on_complete = on_complete
+        self._done = done
+        # Snapshots that survived a restart count as taken, but not as settled.
+        start = time.monotonic()
+        self._tracked: dict[str, Tracked] = {t: Tracked(frozenset(), start) for t in tracked}
+        self.scans = 0
+
+    async def run(self) -> None:
+        """Scan on every wake-up until cancelled."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        async for _ in self._wakeups():
+            await self.scan()
+
+    async def scan(self) -> None:
+        """One pass over the output directory."""
+        self.scans += 1
+        found = await asyncio.to_thread(candidates, self._dir, self._config.pattern)
+        for tag in list(self._tracked):
+            found.setdefault(tag, parse_step(tag) or 0)
+        for tag, step in sorted(found.items(), key=lambda kv: kv[1]):
+            if tag in self._done:
+                continue
+            seen = await asyncio.to_thread(observe, self._dir / tag, self._config.markers)
+            await self._advance(tag, step, seen)
+
+    async def _advance(self, tag: str, step: int, seen: Observation | None) -> None:
+        now = time.monotonic()
+        action = decide(self._tracked.get(tag), seen, now, self._config.settle)
+        if action is Action.STAGE and seen is not None:
+            if await self._on_stage(tag, step, self._dir / tag):
+                self._tracked[tag] = Tracked(seen.signature, now)
+            elif tag not in self._tracked:
+                self._done.add(tag)
+        elif action is Action.COMPLETE:
+            del self._tracked[tag]
+            self._done.add(tag)
+            await self._on_complete(tag, step)
+
+    async def _wakeups(self) -> AsyncIterator[object]:
+        yield None  # the start-up scan
+        interval_ms = max(50, int(self._config.poll_interval * 1000))
+        async for changes in watchfiles.awatch(
+            self._dir,
+            force_polling=self._config.force_polling or None,
+            poll_delay_ms=interval_ms,
+            rust_timeout=interval_ms,
+            yield_on_timeout=True,
+            debounce=200,
+            step=20,
+            recursive=True,
+        ):
+            yield changes

@@ -1,0 +1,221 @@
+"""The ``traind`` command line: run the daemon, check config, list, pull, push, prune."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from traind import config, logs
+from traind.errors import ConfigError, TraindError
+
+log = structlog.get_logger("traind.cli")
+
+EXAMPLES = {
+    "run": "example:\n  traind run -c /etc/traind/traind.toml",
+    "check-config": "example:\n  traind check-config -c config/local.toml\n"
+                    "  traind check-config -c config/s3.toml --offline   # skip the store probe",
+    "list": "example:\n  traind list -c /etc/traind/traind.toml\n  traind list --json | jq '.[0]'",
+    "pull": "examples:\n  traind pull latest ./restore            # → ./restore/checkpoint-N\n"
+            "  traind pull checkpoint-400 /data/out",
+    "push": "example:\n  traind push /data/out/checkpoint-400",
+    "prune": "examples:\n  traind prune --dry-run                  # show what would go, and why\n"
+             "  traind prune",
+}
+
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="traind",
+        description="Supervise a training run and stream its checkpoints to storage, verifiably.",
+        epilog="The config file is TOML (see config/ for commented examples). "
+        "Any key can be overridden from the environment: TRAIND_<SECTION>__<KEY>, "
+        "e.g. TRAIND_RETENTION__KEEP_LAST=3.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-c", "--config", metavar="PATH",
+        help=f"config file (default: $TRAIND_CONFIG or {config.DEFAULT_CONFIG})",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, summary: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, parents=[common], help=summary, description=summary,
+            epilog=EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    add("run", "Run the daemon: restore on a fresh host, then watch, stream and prune.")
+    check = add("check-config", "Validate the config file and probe the storage backend.")
+    check.add_argument("--offline", action="store_true", help="validate only; do not probe")
+    lst = add("list", "List the committed checkpoints in the store.")
+    lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pull = add("pull", "Restore a committed checkpoint into DIR/<tag>, verified.")
+    pull.add_argument("tag", metavar="TAG", help="a tag such as checkpoint-400, or 'latest'")
+    pull.add_argument("dir", metavar="DIR", type=Path, help="parent directory to restore into")
+    push = add("push", "Commit one checkpoint directory to the store by hand.")
+    push.add_argument("dir", metavar="DIR", type=Path, help="the checkpoint-N directory")
+    push.add_argument("--tag", help="tag to store it under (default: the directory name)")
+    prune = add("prune", "Apply the retention policy to the store and to output_dir now.")
+    prune.add_argument("--dry-run", action="store_true", help="show what would go, and why")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``traind`` console script."""
+    args = build_parser().parse_args(argv)
+    daemon = args.command == "run"
+    logs.configure(sys.stdout if daemon else sys.stderr)
+    handler: Handler = _HANDLERS[args.command]
+    try:
+        return asyncio.run(handler(args))
+    except ConfigError as exc:
+        print(f"traind: invalid configuration {exc}", file=sys.stderr)
+        return 2
+    except TraindError as exc:
+        print(f"traind: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _settings(args: argparse.Namespace) -> config.Settings:
+    return config.load(config.config_path(args.config))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from traind.app import Daemon
+
+    settings = _settings(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await Daemon(settings).run(stop)
+    return 0
+
+
+async def _check_config(args: argparse.Namespace) -> int:
+    from traind.storage.factory import open_storage
+
+    path = config.config_path(args.config)
+    settings = config.load(path)
+    print(f"{path}: valid (run {settings.run.name}, storage {settings.storage.type})")
+    if args.offline:
+        return 0
+    storage = open_storage(settings.storage, settings.run.name)
+    try:
+        await storage.probe()
+    finally:
+        await storage.aclose()
+    print(f"storage {storage.describe}: reachable and writable")
+    return 0
+
+
+async def _list(args: argparse.Namespace) -> int:
+    from traind.storage.factory import open_storage
+
+    settings = _settings(args)
+    storage = open_storage(settings.storage, settings.run.name)
+    try:
+        manifests = sorted(await storage.manifests(), key=lambda m: m.step)
+    finally:
+        await storage.aclose()
+    if args.json:
+        rows = [
+            {"tag": m.tag, "step": m.step, "files": len(m.files), "bytes": m.total_bytes,
+             "created_at": m.created_at, "host": m.host, "global_step": m.trainer.global_step}
+            for m in manifests
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    from traind.units import format_size
+
+    now = time.time()
+    table = [("TAG", "STEP", "FILES", "SIZE", "AGE", "HOST")] + [
+        (m.tag, str(m.step), str(len(m.files)), format_size(m.total_bytes),
+         _age(now - m.created_at), m.host)
+        for m in manifests
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if not manifests:
+        print(f"(no committed checkpoints in {storage.describe})")
+    return 0
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+async def _pull(args: argparse.Namespace) -> int:
+    from traind.checkpoints.restore import find, restore
+    from traind.progress import Progress, shown
+    from traind.storage.factory import open_storage
+
+    settings = _settings(args)
+    storage = open_storage(settings.storage, settings.run.name)
+    try:
+        manifest = await find(storage, args.tag)
+        async with shown(Progress(manifest.total_bytes), f"pull {manifest.tag}") as progress:
+            dest = await restore(storage, manifest, args.dir, progress)
+    finally:
+        await storage.aclose()
+    print(dest)
+    return 0
+
+
+async def _push(args: argparse.Namespace) -> int:
+    from traind.checkpoints.push import push
+
+    settings = _settings(args)
+    manifest = await push(settings, args.dir, args.tag)
+    print(f"{manifest.tag}: committed ({len(manifest.files)} files, {manifest.total_bytes} bytes)")
+    return 0
+
+
+async def _prune(args: argparse.Namespace) -> int:
+    from traind.checkpoints import pruner
+    from traind.checkpoints.journal import Journal
+    from traind.storage.factory import open_storage
+
+    settings = _settings(args)
+    storage = open_storage(settings.storage, settings.run.name)
+    journal = Journal.in_state_dir(settings.run.state_dir)
+    act = pruner.plan if args.dry_run else pruner.prune
+    try:
+        result = await act(storage, journal, settings.retention, settings.run.output_dir,
+                           settings.checkpoints.pattern)
+    finally:
+        await storage.aclose()
+        journal.close()
+    verb = "would delete" if args.dry_run else "deleted"
+    for where, verdicts in (("store", result.remote), ("local", result.local)):
+        for v in sorted(verdicts, key=lambda v: v.step):
+            print(f"{where:5}  {v.tag:24} {'keep' if v.keep else verb:13} {v.reason}")
+    return 0
+
+
+_HANDLERS: dict[str, Handler] = {
+    "run": _run,
+    "check-config": _check_config,
+    "list": _list,
+    "pull": _pull,
+    "push": _push,
+    "prune": _prune,
+}

@@ -1,0 +1,249 @@
+"""Configuration: one TOML file, environment overrides, frozen models passed down.
+
+Each component receives only its own section. ``load()`` is the only entry point; every
+problem in a bad file is reported at once, naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from traind.errors import ConfigError
+from traind.storage.keys import check_component
+from traind.units import Duration, Size
+
+DEFAULT_CONFIG = Path("/etc/traind/traind.toml")
+
+
+class Section(BaseModel):
+    """Base of every config section: frozen, and unknown keys are errors (typos are caught)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RunConfig(Section):
+    """``[run]``: what is being run and where its files live."""
+
+    name: str = Field(description="remote namespace: <prefix>/<name>/<tag>/")
+    output_dir: Path = Field(description="where the trainer writes checkpoint-N/")
+    state_dir: Path = Path("/var/lib/traind")
+    stop_timeout: Duration = 30.0
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return check_component(v, "run name")
+
+
+class CheckpointsConfig(Section):
+    """``[checkpoints]``: how complete checkpoint directories are recognised."""
+
+    pattern: str = "checkpoint-*"
+    markers: tuple[str, ...] = ("trainer_state.json", ".metadata")
+    settle: Duration = 5.0
+    poll_interval: Duration = 1.0
+    force_polling: bool = False
+
+
+class LocalStorage(Section):
+    """``[storage] type = "local"``: a directory, local disk or an NFS mount."""
+
+    type: Literal["local"] = "local"
+    path: Path
+    concurrency: int = Field(default=4, ge=1, le=64)
+
+
+class S3Storage(Section):
+    """``[storage] type = "s3"``: AWS S3 or any S3-compatible store."""
+
+    type: Literal["s3"]
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing_style: Literal["auto", "virtual", "path"] = "auto"
+    profile: str | None = None
+    access_key_id: SecretStr | None = None
+    secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
+    part_size: Size = Field(default=64 * 1024**2, ge=5 * 1024**2)
+    concurrency: int = Field(default=8, ge=1, le=256)
+    max_bandwidth: Size | None = None
+    request_checksum_calculation: Literal["when_supported", "when_required"] = "when_supported"
+    retries: int = Field(default=8, ge=0)
+
+
+class SSHStorage(Section):
+    """``[storage] type = "ssh"``: a host reachable over SSH (SFTP, or rsync)."""
+
+    type: Literal["ssh"]
+    host: str
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str | None = None
+    identity_file: Path | None = None
+    known_hosts: Path | None = None
+    insecure_skip_host_key_check: bool = False
+    remote_path: str
+    concurrency: int = Field(default=4, ge=1, le=64)
+    keepalive: Duration = 15.0
+    transfer: Literal["sftp", "rsync"] = "sftp"
+
+
+StorageConfig = Annotated[LocalStorage | S3Storage | SSHStorage, Field(discriminator="type")]
+
+
+class RetentionConfig(Section):
+    """``[retention]``: which committed checkpoints to keep, remotely and locally."""
+
+    keep_last: int = Field(default=5, ge=1)
+    keep_every_steps: int | None = Field(default=None, ge=1)
+    keep_best: bool = True
+    keep_local: int | None = Field(default=2, ge=1)
+    interval: Duration = 600.0
+
+
+class StatusConfig(Section):
+    """``[status]``: the local status server."""
+
+    listen: str = "127.0.0.1:9750"
+    enabled: bool = True
+
+
+class HealthConfig(Section):
+    """An HTTP health check: ready after ``successes`` 200s in a row within ``ready_timeout``."""
+
+    url: str
+    interval: Duration = 2.0
+    timeout: Duration = 5.0
+    successes: int = Field(default=2, ge=1)
+    failures: int = Field(default=3, ge=1)
+    ready_timeout: Duration = 900.0
+
+
+class RestartConfig(Section):
+    """When and how fast a child is restarted."""
+
+    policy: Literal["always", "on-failure", "never"] = "on-failure"
+    backoff_initial: Duration = 2.0
+    backoff_max: Duration = 300.0
+    max_restarts: int = Field(default=5, ge=0)
+    window: Duration = 3600.0
+    stable_after: Duration = 600.0
+
+
+class ChildConfig(Section):
+    """What every supervised child has: a command, its environment and stop behaviour."""
+
+    command: tuple[str, ...] = Field(min_length=1)
+    cwd: Path | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    gpus: tuple[int, ...] | None = None
+    restart: RestartConfig = RestartConfig()
+    stop_grace: Duration = 30.0
+
+
+class ServiceConfig(ChildConfig):
+    """``[[services]]``: a helper server the trainer needs."""
+
+    name: str
+    health: HealthConfig | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return check_component(v, "service name")
+
+
+class VLLMConfig(ChildConfig):
+    """``[vllm]``: the vLLM server (``vllm serve`` or ``trl vllm-serve``)."""
+
+    health: HealthConfig
+    on_trainer_restart: Literal["close-communicator", "restart", "nothing"] = "close-communicator"
+
+
+class TrainerConfig(ChildConfig):
+    """``[trainer]``: the training command."""
+
+    progress_timeout: Duration | None = 1800.0
+    first_progress_timeout: Duration | None = 3600.0
+    distributed: bool = False
+
+
+class Settings(BaseSettings):
+    """The whole configuration file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TRAIND_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    run: RunConfig
+    checkpoints: CheckpointsConfig = CheckpointsConfig()
+    storage: StorageConfig
+    retention: RetentionConfig = RetentionConfig()
+    status: StatusConfig = StatusConfig()
+    vllm: VLLMConfig | None = None
+    services: tuple[ServiceConfig, ...] = ()
+    trainer: TrainerConfig | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the file, which arrives as init arguments.
+        return env_settings, init_settings
+
+
+def config_path(explicit: str | Path | None = None) -> Path:
+    """The config file to use: the explicit one, else ``$TRAIND_CONFIG``, else the default."""
+    return Path(explicit or os.environ.get("TRAIND_CONFIG") or DEFAULT_CONFIG)
+
+
+def load(path: Path) -> Settings:
+    """Read, merge with the environment and validate; raise ConfigError listing every problem."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError([f"config file not found: {path}"], str(path)) from exc
+    except OSError as exc:
+        raise ConfigError([f"cannot read config file: {exc}"], str(path)) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"not valid TOML: {exc}"], str(path)) from exc
+    return validate(data, str(path))
+
+
+def validate(data: dict[str, Any], source: str = "") -> Settings:
+    """Validate already-parsed config data (plus environment overrides)."""
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError([_describe(err) for err in exc.errors()], source) from exc
+
+
+def _describe(err: Any) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return f"{loc}: required key is missing"
+    if err["type"] == "extra_forbidden":
+        return f"{loc}: unknown key (check the spelling; see config/ for every key)"
+    if err["type"] == "union_tag_invalid":
+        got = err["input"].get("type") if isinstance(err["input"], dict) else err["input"]
+        return f"{loc}.type = {got!r}: not a storage type; allowed: local, s3, ssh"
+    value = err.get("input")
+    shown = "" if isinstance(value, dict) else f" = {value!r}"
+    return f"{loc}{shown}: {msg}"
+
+
+def _is_union_tag(part: object) -> bool:
+    return part in {"local", "s3", "ssh"}

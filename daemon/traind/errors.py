@@ -1,0 +1,49 @@
+"""The error hierarchy: one root, a few meaningful branches.
+
+Library exceptions (OSError, botocore, asyncssh) are translated into these at the
+boundary where they happen, with the original kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class TraindError(Exception):
+    """traind failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(TraindError):
+    """The configuration is invalid."""
+
+    def __init__(self, problems: list[str], source: str = "") -> None:
+        self.problems = problems
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s){where}:\n{lines}")
+
+
+class StorageError(TraindError):
+    """The storage backend failed."""
+
+
+class TransientStorageError(StorageError):
+    """The storage backend failed in a way that may pass; the operation can be retried."""
+
+
+class NotFoundError(StorageError):
+    """No such checkpoint in the store."""
+
+
+class IntegrityError(StorageError):
+    """Data does not match its manifest (size or sha256)."""
+
+
+class UnsafePathError(TraindError, ValueError):
+    """A tag or relative path is not safe to use as a storage key."""
+
+
+class SupervisorError(TraindError):
+    """A supervised process could not be run."""

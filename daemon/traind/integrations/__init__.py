@@ -1,0 +1,1 @@
+"""Code that runs inside the training script, not the daemon."""

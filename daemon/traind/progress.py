@@ -1,0 +1,82 @@
+"""Byte progress for uploads and downloads: a bar on a TTY, periodic log events otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TextIO
+
+import structlog
+
+from traind.units import format_size
+
+log = structlog.get_logger("traind.progress")
+
+
+class Progress:
+    """Counts bytes moved; safe to ``advance`` from worker threads."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.started = time.monotonic()
+
+    def advance(self, nbytes: int) -> None:
+        """Add ``nbytes`` moved (called from threads; an int add is atomic enough here)."""
+        self.done += nbytes
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second so far."""
+        elapsed = time.monotonic() - self.started
+        return self.done / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the current rate, if known."""
+        rate = self.rate
+        return (self.total - self.done) / rate if rate > 0 else None
+
+    def line(self, width: int = 30) -> str:
+        """A one-line bar: ``[#####.....]  45%  1.2 GiB/2.5 GiB  180 MB/s  ETA 7s``."""
+        frac = min(1.0, self.done / self.total) if self.total else 1.0
+        filled = int(frac * width)
+        eta = self.eta
+        eta_s = f"ETA {eta:.0f}s" if eta is not None else "ETA ?"
+        return (
+            f"[{'#' * filled}{'.' * (width - filled)}] {frac * 100:3.0f}%  "
+            f"{format_size(self.done)}/{format_size(self.total)}  "
+            f"{self.rate / 1e6:.0f} MB/s  {eta_s}"
+        )
+
+
+@asynccontextmanager
+async def shown(
+    progress: Progress, label: str, stream: TextIO | None = None, every: float = 0.2
+) -> AsyncIterator[Progress]:
+    """Show ``progress`` while the block runs: a redrawn bar on a TTY, else a log event
+    every few seconds."""
+    out = stream or sys.stderr
+    tty = out.isatty()
+
+    async def render() -> None:
+        while True:
+            await asyncio.sleep(every if tty else 5.0)
+            if tty:
+                out.write(f"\r{label} {progress.line()}")
+                out.flush()
+            else:
+                log.info("transfer_progress", what=label, bytes_done=progress.done,
+                         bytes_total=progress.total, mb_per_s=round(progress.rate / 1e6, 1))
+
+    task = asyncio.create_task(render())
+    try:
+        yield progress
+    finally:
+        task.cancel()
+        if tty:
+            out.write(f"\r{label} {progress.line()}\n")
+            out.flush()

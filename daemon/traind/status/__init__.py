@@ -1,0 +1,1 @@
+"""The daemon's status server and metrics."""

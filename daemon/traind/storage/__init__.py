@@ -1,0 +1,1 @@
+"""Storage backends behind one small Protocol (see ``base.py``)."""

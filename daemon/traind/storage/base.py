@@ -1,0 +1,78 @@
+"""The storage Protocol every backend implements, and the upload session it is handed.
+
+A backend stores files under ``<prefix>/<run>/<tag>/<path>`` and the manifest at
+``<prefix>/<run>/<tag>/traind-manifest.json``. A checkpoint exists only when its manifest
+does: ``manifests()`` lists manifests only, ``delete()`` removes the manifest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from traind.checkpoints.manifest import Manifest
+
+Advance = Callable[[int], None]
+"""Progress callback: called with the number of bytes just moved (thread-safe, cheap)."""
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A file to upload: its path relative to the checkpoint root, and its size."""
+
+    path: str
+    size: int
+
+
+class UploadSession(Protocol):
+    """What the streamer hands a backend for one checkpoint upload (backed by the journal).
+
+    ``file_done`` must be awaited once per file, as soon as the file is durably stored, so
+    a restarted daemon skips it. ``load_state``/``save_state`` keep opaque per-file resume
+    state (an S3 multipart upload id and its finished parts, say).
+    """
+
+    def advance(self, nbytes: int) -> None: ...
+
+    async def file_done(self, path: str, sha256: str) -> None: ...
+
+    async def load_state(self, path: str) -> str | None: ...
+
+    async def save_state(self, path: str, state: str) -> None: ...
+
+
+class Storage(Protocol):
+    """A checkpoint store. Implementations: local.py, s3.py, ssh.py, memory.py."""
+
+    @property
+    def describe(self) -> str:
+        """A short, secret-free identity such as ``s3://bucket/prefix`` (logs, journal)."""
+        ...
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        """Store ``files`` (relative to ``root``) under ``tag``, sha256 computed while reading."""
+
+    async def commit(self, manifest: Manifest) -> None:
+        """Write the manifest: after this the checkpoint exists."""
+
+    async def manifests(self) -> list[Manifest]:
+        """Every committed checkpoint of this run, in no particular order."""
+        ...
+
+    async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
+        """Fetch every file of ``manifest`` under ``dest``; return path → sha256 of what was
+        written (computed while writing). The caller verifies and renames."""
+        ...
+
+    async def delete(self, tag: str) -> None:
+        """Remove a checkpoint: manifest first, then its files. Missing is not an error."""
+
+    async def probe(self) -> None:
+        """Check the store is reachable and writable; raise StorageError saying what fails."""
+
+    async def aclose(self) -> None:
+        """Release connections."""

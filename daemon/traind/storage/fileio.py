@@ -1,0 +1,63 @@
+"""Blocking file helpers shared by backends: copy or read with sha256 in one pass.
+
+They run in threads (``asyncio.to_thread``); hashlib releases the GIL on large buffers, so
+several can run at once on different cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+CHUNK = 4 * 1024 * 1024
+
+
+def copy_hashed(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[int, str]:
+    """Copy ``src`` to ``dst`` (written then fsynced), hashing while reading.
+
+    Returns (bytes, sha256 hex).
+    """
+    digest = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    total = 0
+    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+        while n := fin.readinto(buf):
+            chunk = view[:n]
+            digest.update(chunk)
+            fout.write(chunk)
+            total += n
+            advance(n)
+        os.fsync(fout.fileno())
+    return total, digest.hexdigest()
+
+
+def hash_file(path: Path, advance: Callable[[int], None] | None = None) -> tuple[int, str]:
+    """Return (size, sha256 hex) of a file, read once in large chunks."""
+    digest = hashlib.sha256()
+    total = 0
+    for chunk in iter_chunks(path):
+        digest.update(chunk)
+        total += len(chunk)
+        if advance:
+            advance(len(chunk))
+    return total, digest.hexdigest()
+
+
+def iter_chunks(path: Path, size: int = CHUNK, offset: int = 0) -> Iterator[bytes]:
+    """Yield a file's bytes from ``offset`` in chunks of ``size``."""
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        while chunk := f.read(size):
+            yield chunk
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it is durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,41 @@
+"""Validation of the names that become storage keys: tags and relative paths.
+
+Every component is ``[A-Za-z0-9._-]+``, never ``.`` or ``..``; relative paths use ``/`` and
+are never absolute. Validating here, once, lets every backend build keys and remote paths
+by plain joining without any chance of escaping its prefix or injecting shell syntax.
+"""
+
+from __future__ import annotations
+
+import re
+
+from traind.errors import UnsafePathError
+
+_COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
+MANIFEST_NAME = "traind-manifest.json"
+
+
+def check_component(value: str, what: str = "name") -> str:
+    """Return ``value`` if it is one safe path component, else raise UnsafePathError."""
+    if not _COMPONENT.fullmatch(value) or value in {".", ".."}:
+        raise UnsafePathError(
+            f"unsafe {what} {value!r}: allowed are letters, digits, '.', '_', '-' "
+            "(and not '.' or '..')"
+        )
+    return value
+
+
+def check_tag(tag: str) -> str:
+    """Return ``tag`` if it is a safe checkpoint tag (one component)."""
+    return check_component(tag, "tag")
+
+
+def check_relpath(rel: str) -> str:
+    """Return ``rel`` if it is a safe relative file path inside a checkpoint."""
+    if not rel or rel.startswith("/"):
+        raise UnsafePathError(f"unsafe relative path {rel!r}: must be relative and non-empty")
+    for part in rel.split("/"):
+        check_component(part, f"path component in {rel!r}")
+    if rel == MANIFEST_NAME:
+        raise UnsafePathError(f"a checkpoint may not contain a file named {MANIFEST_NAME}")
+    return rel

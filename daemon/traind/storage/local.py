@@ -1,0 +1,137 @@
+"""The local backend: a directory on local disk or an NFS mount (the default; needs nothing).
+
+Each file is written as ``<name>.traind-part``, fsynced and renamed, so a file with its
+final name is always whole; the manifest goes the same way, last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+from traind.checkpoints.manifest import Manifest
+from traind.config import LocalStorage
+from traind.errors import IntegrityError, StorageError
+from traind.storage.base import Advance, LocalFile, UploadSession
+from traind.storage.fileio import copy_hashed, fsync_dir
+from traind.storage.keys import MANIFEST_NAME, check_relpath, check_tag
+
+PART_SUFFIX = ".traind-part"
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class LocalBackend:
+    """Checkpoints under ``<path>/<run>/<tag>/``."""
+
+    def __init__(self, config: LocalStorage, run: str) -> None:
+        self._root = config.path / run
+        self._concurrency = config.concurrency
+
+    @property
+    def describe(self) -> str:
+        return f"local:{self._root}"
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        dest = self._root / check_tag(tag)
+        limit = asyncio.Semaphore(self._concurrency)
+
+        async def one(f: LocalFile) -> None:
+            async with limit:
+                target = dest / check_relpath(f.path)
+                _, sha = await _io(_store_file, root / f.path, target, session.advance)
+                await session.file_done(f.path, sha)
+
+        async with asyncio.TaskGroup() as tg:
+            for f in files:
+                tg.create_task(one(f))
+
+    async def commit(self, manifest: Manifest) -> None:
+        target = self._root / check_tag(manifest.tag) / MANIFEST_NAME
+        await _io(_write_atomic, target, manifest.to_json())
+
+    async def manifests(self) -> list[Manifest]:
+        return await _io(self._read_manifests)
+
+    def _read_manifests(self) -> list[Manifest]:
+        if not self._root.is_dir():
+            return []
+        found = []
+        for entry in sorted(self._root.iterdir()):
+            path = entry / MANIFEST_NAME
+            if path.is_file():
+                found.append(Manifest.from_json(path.read_bytes()))
+        return found
+
+    async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
+        src = self._root / check_tag(manifest.tag)
+        limit = asyncio.Semaphore(self._concurrency)
+        hashes: dict[str, str] = {}
+
+        async def one(path: str) -> None:
+            async with limit:
+                target = dest / check_relpath(path)
+                await _io(target.parent.mkdir, parents=True, exist_ok=True)
+                _, hashes[path] = await _io(copy_hashed, src / path, target, advance)
+
+        async with asyncio.TaskGroup() as tg:
+            for entry in manifest.files:
+                tg.create_task(one(entry.path))
+        return hashes
+
+    async def delete(self, tag: str) -> None:
+        await _io(self._delete, self._root / check_tag(tag))
+
+    @staticmethod
+    def _delete(path: Path) -> None:
+        (path / MANIFEST_NAME).unlink(missing_ok=True)
+        if path.exists():
+            fsync_dir(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+    async def probe(self) -> None:
+        await _io(self._probe)
+
+    def _probe(self) -> None:
+        probe = self._root / ".traind-probe"
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        probe.unlink()
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _io(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run blocking file work in a thread, translating OSError into StorageError."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except IntegrityError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"local store: {exc.strerror or exc}: {exc.filename or ''}") from exc
+
+
+def _store_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + PART_SUFFIX)
+    result = copy_hashed(src, part, advance)
+    os.replace(part, target)
+    return result
+
+
+def _write_atomic(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + PART_SUFFIX)
+    with open(part, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, target)
+    fsync_dir(target.parent)

@@ -1,0 +1,64 @@
+"""An in-memory backend for tests: the same contract as the real ones, no I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from traind.checkpoints.manifest import Manifest
+from traind.storage.base import Advance, LocalFile, UploadSession
+from traind.storage.keys import check_relpath, check_tag
+
+
+class MemoryBackend:
+    """Keeps objects in a dict keyed ``<tag>/<path>``; manifests separately."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.manifest_by_tag: dict[str, Manifest] = {}
+        self.uploads = 0
+
+    @property
+    def describe(self) -> str:
+        return "memory:"
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        for f in files:
+            data = (root / f.path).read_bytes()
+            self.objects[f"{check_tag(tag)}/{check_relpath(f.path)}"] = data
+            self.uploads += 1
+            session.advance(len(data))
+            await session.file_done(f.path, hashlib.sha256(data).hexdigest())
+            await asyncio.sleep(0)
+
+    async def commit(self, manifest: Manifest) -> None:
+        self.manifest_by_tag[manifest.tag] = manifest
+
+    async def manifests(self) -> list[Manifest]:
+        return list(self.manifest_by_tag.values())
+
+    async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
+        hashes = {}
+        for entry in manifest.files:
+            data = self.objects[f"{manifest.tag}/{entry.path}"]
+            target = dest / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            advance(len(data))
+            hashes[entry.path] = hashlib.sha256(data).hexdigest()
+        return hashes
+
+    async def delete(self, tag: str) -> None:
+        self.manifest_by_tag.pop(tag, None)
+        for key in [k for k in self.objects if k.startswith(f"{tag}/")]:
+            del self.objects[key]
+
+    async def probe(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,1 @@
+"""Child-process supervision: vLLM, helper services and the trainer."""

@@ -1,0 +1,60 @@
+"""Durations and sizes written the human way: ``"30s"``, ``"10m"``, ``"64MiB"``."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
+
+_DURATION = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*", re.IGNORECASE)
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``"90s"``, ``"10m"``, ``"1.5h"``, ``"250ms"`` or a bare number of seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
+        seconds = float(m[1]) * _DURATION_UNITS[(m[2] or "s").lower()]
+    else:
+        raise ValueError(
+            f"{value!r} is not a duration; write a number with a unit: ms, s, m, h, d "
+            "(e.g. '30s', '10m')"
+        )
+    if seconds < 0:
+        raise ValueError(f"{value!r}: a duration cannot be negative")
+    return seconds
+
+
+def parse_size(value: object) -> int:
+    """Bytes from ``"64MiB"``, ``"1GB"``, ``"512k"`` or a bare number of bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE.fullmatch(value)):
+        unit = (m[2] or "").lower()
+        base = 1024 if "i" in unit else 1000
+        power = "bkmgt".find(unit[0]) if unit else 0
+        size = int(float(m[1]) * (base**power if power > 0 else 1))
+    else:
+        raise ValueError(
+            f"{value!r} is not a size; write a number with a unit: B, KiB, MiB, GiB, KB, MB, GB "
+            "(e.g. '64MiB')"
+        )
+    if size < 0:
+        raise ValueError(f"{value!r}: a size cannot be negative")
+    return size
+
+
+def format_size(n: float) -> str:
+    """``1536`` → ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]

@@ -1,0 +1,120 @@
+"""The ``traind`` command line as an operator uses it: help, check-config, push, list, pull,
+prune."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import write_config
+
+COMMANDS = ["run", "check-config", "list", "pull", "push", "prune"]
+
+
+def traind(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "traind", *args], capture_output=True, text=True, timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    out.mkdir()
+    return write_config(
+        tmp_path / "traind.toml", run="exp", output_dir=out, state_dir=tmp_path / "state",
+        storage=f'type = "local"\npath = "{tmp_path / "store"}"',
+    )
+
+
+def make_ckpt(parent: Path, step: int) -> Path:
+    d = parent / f"checkpoint-{step}"
+    (d / "sub").mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(os.urandom(200_000))
+    (d / "sub/extra.pt").write_bytes(b"z" * 10)
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return d
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_explains_with_an_example(command: str) -> None:
+    """Every subcommand's --help describes it and shows an example."""
+    result = traind(command, "--help")
+    assert result.returncode == 0
+    assert "--config" in result.stdout
+    assert "example" in result.stdout
+    assert f"traind {command}" in result.stdout
+
+
+def test_check_config_reports_every_problem(tmp_path: Path) -> None:
+    """A bad file: every problem printed, exit code non-zero."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[run]\nname = "a b"\noutput_dir = "/x"\n[storage]\ntype = "local"\n'
+                   '[retention]\nkeep_lats = 3\n')
+    result = traind("check-config", "-c", str(bad))
+    assert result.returncode == 2
+    assert "run.name = 'a b'" in result.stderr
+    assert "storage.path: required key is missing" in result.stderr
+    assert "retention.keep_lats: unknown key" in result.stderr
+
+
+def test_check_config_uses_traind_config_env(cfg: Path) -> None:
+    """$TRAIND_CONFIG is used when -c is not given, and the store is probed."""
+    result = traind("check-config", env={"TRAIND_CONFIG": str(cfg)})
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stdout and "reachable and writable" in result.stdout
+
+
+def test_push_list_pull_round_trip(cfg: Path, tmp_path: Path) -> None:
+    """push commits a directory; list shows it; pull restores identical bytes."""
+    src = make_ckpt(tmp_path / "elsewhere", 7)
+    assert traind("push", "-c", str(cfg), str(src)).returncode == 0
+    listing = traind("list", "-c", str(cfg), "--json")
+    rows = json.loads(listing.stdout)
+    assert [(r["tag"], r["step"], r["files"], r["global_step"]) for r in rows] == [
+        ("checkpoint-7", 7, 3, 7)
+    ]
+    table = traind("list", "-c", str(cfg)).stdout
+    assert "checkpoint-7" in table and "TAG" in table
+    pulled = traind("pull", "-c", str(cfg), "latest", str(tmp_path / "back"))
+    assert pulled.returncode == 0, pulled.stderr
+    dest = tmp_path / "back/checkpoint-7"
+    assert pulled.stdout.strip() == str(dest)
+    for f in src.rglob("*"):
+        if f.is_file():
+            assert (dest / f.relative_to(src)).read_bytes() == f.read_bytes()
+    again = traind("pull", "-c", str(cfg), "latest", str(tmp_path / "back"))
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_pull_unknown_tag_and_push_bad_dir(cfg: Path, tmp_path: Path) -> None:
+    """Clear errors for a missing tag and for pushing something that is not a checkpoint."""
+    result = traind("pull", "-c", str(cfg), "checkpoint-3", str(tmp_path / "x"))
+    assert result.returncode == 1 and "no committed checkpoint 'checkpoint-3'" in result.stderr
+    result = traind("push", "-c", str(cfg), str(tmp_path / "missing"))
+    assert result.returncode == 1 and "not a directory" in result.stderr
+    odd = tmp_path / "weights"
+    odd.mkdir()
+    result = traind("push", "-c", str(cfg), str(odd))
+    assert result.returncode == 1 and "--tag checkpoint-N" in result.stderr
+
+
+def test_prune_dry_run_then_prune(cfg: Path, tmp_path: Path) -> None:
+    """--dry-run says what would go and why, deleting nothing; prune then deletes it."""
+    cfg.write_text(cfg.read_text().replace("keep_last = 100", "keep_last = 2"))
+    for step in (1, 2, 3):
+        assert traind("push", "-c", str(cfg), str(make_ckpt(tmp_path / "src", step))).returncode == 0
+    dry = traind("prune", "-c", str(cfg), "--dry-run")
+    assert dry.returncode == 0
+    assert "checkpoint-1" in dry.stdout and "would delete" in dry.stdout
+    assert "newest" in dry.stdout
+    assert len(json.loads(traind("list", "-c", str(cfg), "--json").stdout)) == 3
+    assert traind("prune", "-c", str(cfg)).returncode == 0
+    tags = [r["tag"] for r in json.loads(traind("list", "-c", str(cfg), "--json").stdout)]
+    assert tags == ["checkpoint-2", "checkpoint-3"]

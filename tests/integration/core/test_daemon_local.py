@@ -1,0 +1,168 @@
+"""``traind run`` end to end with the local store: the real CLI, real files, real signals."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from tests.support.daemon import DaemonProcess, write_config
+
+
+def write_checkpoint(out: Path, step: int, size: int = 64 * 1024, nfiles: int = 2) -> dict[str, str]:
+    """Write a checkpoint like transformers does (marker last); return path → sha256."""
+    d = out / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    hashes = {}
+    for i in range(nfiles):
+        data = os.urandom(size)
+        (d / f"shard-{i}.bin").write_bytes(data)
+        hashes[f"shard-{i}.bin"] = hashlib.sha256(data).hexdigest()
+    state = json.dumps({"global_step": step}).encode()
+    (d / "trainer_state.json").write_bytes(state)
+    hashes["trainer_state.json"] = hashlib.sha256(state).hexdigest()
+    return hashes
+
+
+def stored(store: Path, run: str) -> dict[str, dict[str, str]]:
+    """Committed checkpoints in a local store: tag → {path: sha256} from the manifests."""
+    out = {}
+    for m in sorted((store / run).glob("*/traind-manifest.json")):
+        body = json.loads(m.read_text())
+        out[body["tag"]] = {f["path"]: f["sha256"] for f in body["files"]}
+    return out
+
+
+def setup(tmp_path: Path, extra: str = "", storage_extra: str = "") -> tuple[Path, Path, Path]:
+    out, store = tmp_path / "out", tmp_path / "store"
+    out.mkdir()
+    cfg = write_config(
+        tmp_path / "traind.toml", run="exp", output_dir=out, state_dir=tmp_path / "state",
+        storage=f'type = "local"\npath = "{store}"\n{storage_extra}', extra=extra,
+    )
+    return out, store, cfg
+
+
+def test_every_checkpoint_committed_despite_fast_rotation(tmp_path: Path) -> None:
+    """Checkpoints the trainer deletes milliseconds after the next save are still committed."""
+    out, store, cfg = setup(tmp_path)
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for("daemon_ready", timeout=20)
+        expected = {}
+        for step in range(1, 7):
+            expected[f"checkpoint-{step}"] = write_checkpoint(out, step)
+            if step > 2:  # save_total_limit=2: rotate right after saving
+                shutil.rmtree(out / f"checkpoint-{step - 2}")
+            time.sleep(0.15)
+        for tag in expected:
+            daemon.wait_for(lambda e, t=tag: e.get("event") == "checkpoint_committed"
+                            and e["tag"] == t, timeout=30)
+        assert stored(store, "exp") == expected
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    staged = [e for e in daemon.named("checkpoint_staged")]
+    assert max(e["since_last_write"] for e in staged) < 1.0  # detected well within a second
+
+
+def test_restores_newest_on_fresh_host_then_streams(tmp_path: Path) -> None:
+    """A fresh output_dir gets the newest committed checkpoint before anything else."""
+    out, store, cfg = setup(tmp_path)
+    first = DaemonProcess(cfg)
+    try:
+        for step in (1, 2):
+            write_checkpoint(out, step)
+        first.wait_for(lambda e: e.get("event") == "checkpoint_committed"
+                       and e["tag"] == "checkpoint-2", timeout=30)
+        assert first.stop() == 0
+    finally:
+        first.kill()
+    shutil.rmtree(out)
+    shutil.rmtree(tmp_path / "state")  # a new host: no journal either
+    second = DaemonProcess(cfg)
+    try:
+        restored = second.wait_for("checkpoint_restored", timeout=30)
+        assert restored["tag"] == "checkpoint-2"
+        second.wait_for("daemon_ready", timeout=10)
+        assert (out / "checkpoint-2/trainer_state.json").exists()
+        assert not (out / "checkpoint-1").exists()
+        write_checkpoint(out, 3)
+        second.wait_for(lambda e: e.get("event") == "checkpoint_committed"
+                        and e["tag"] == "checkpoint-3", timeout=30)
+        assert second.stop() == 0
+    finally:
+        second.kill()
+    assert not [e for e in second.named("checkpoint_committed") if e["tag"] == "checkpoint-2"]
+
+
+def test_sigkill_mid_commit_then_restart_commits_once(tmp_path: Path) -> None:
+    """SIGKILL while a checkpoint is half stored; the restarted daemon finishes it once."""
+    out, store, cfg = setup(tmp_path, storage_extra="concurrency = 1")
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for("daemon_ready", timeout=20)
+        expected = write_checkpoint(out, 1, size=8 * 1024 * 1024, nfiles=12)
+        target = store / "exp/checkpoint-1"
+        deadline = time.monotonic() + 30
+        while not any(p.suffix == ".bin" for p in target.glob("*")):
+            assert time.monotonic() < deadline, "upload never started"
+            time.sleep(0.001)
+        daemon.proc.send_signal(signal.SIGKILL)
+        daemon.proc.wait(timeout=10)
+    finally:
+        daemon.kill()
+    assert not (target / "traind-manifest.json").exists(), "killed too late to test anything"
+    assert daemon.named("checkpoint_committed") == []
+    restarted = DaemonProcess(cfg)
+    try:
+        restarted.wait_for("recovered_upload", timeout=20)
+        done = restarted.wait_for("checkpoint_committed", timeout=60)
+        assert done["sent_bytes"] < done["bytes"], "finished files were sent again"
+        time.sleep(1.5)  # a second, duplicate commit would show up by now
+        assert restarted.stop() == 0
+    finally:
+        restarted.kill()
+    assert len(restarted.named("checkpoint_committed")) == 1
+    assert stored(store, "exp") == {"checkpoint-1": expected}
+    assert not list(store.rglob("*.traind-part"))
+    assert not list((tmp_path / "state/staging").iterdir())
+
+
+def test_retention_prunes_store_and_output_dir(tmp_path: Path) -> None:
+    """After commits, the store keeps keep_last and output_dir keeps keep_local."""
+    out, store, cfg = setup(tmp_path)
+    cfg.write_text(cfg.read_text().replace("keep_last = 100", "keep_last = 2")
+                   .replace("keep_local = 100", "keep_local = 1"))
+    daemon = DaemonProcess(cfg)
+    try:
+        for step in (1, 2, 3, 4):
+            write_checkpoint(out, step)
+        daemon.wait_for(lambda e: e.get("event") == "checkpoint_pruned"
+                        and e["where"] == "remote" and e["tag"] == "checkpoint-2", timeout=30)
+        daemon.wait_for(lambda e: e.get("event") == "checkpoint_pruned"
+                        and e["where"] == "local" and e["tag"] == "checkpoint-3", timeout=30)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert sorted(stored(store, "exp")) == ["checkpoint-3", "checkpoint-4"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-4"]
+
+
+def test_sigterm_and_sigint_exit_zero_promptly(tmp_path: Path) -> None:
+    """Both stop signals end the daemon with exit code 0 within seconds."""
+    _, _, cfg = setup(tmp_path)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        daemon = DaemonProcess(cfg)
+        try:
+            daemon.wait_for("daemon_ready", timeout=20)
+            started = time.monotonic()
+            assert daemon.stop(sig, timeout=15) == 0
+            assert time.monotonic() - started < 5
+            daemon.wait_for("daemon_stopped", timeout=5)
+        finally:
+            daemon.kill()

@@ -1,0 +1,103 @@
+"""The local backend honours the storage contract."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from traind.checkpoints.journal import Journal, JournalSession
+from traind.checkpoints.manifest import FileEntry, Manifest
+from traind.checkpoints.restore import find, restore
+from traind.config import LocalStorage
+from traind.errors import IntegrityError, NotFoundError, StorageError
+from traind.storage.base import LocalFile
+from traind.storage.local import LocalBackend
+
+
+def make_checkpoint(root: Path) -> dict[str, bytes]:
+    files = {"model.safetensors": os.urandom(3 * 1024 * 1024 + 7), "sub/opt.pt": b"x" * 100,
+             "trainer_state.json": b'{"global_step": 4}'}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+async def upload(backend: LocalBackend, tmp_path: Path, tag: str) -> Manifest:
+    src = tmp_path / "src" / tag
+    files = make_checkpoint(src)
+    journal = Journal(tmp_path / f"j-{tag}.db")
+    await journal.staged(tag, 4, src, [LocalFile(p, len(d)) for p, d in files.items()])
+    await backend.upload(tag, src, [LocalFile(p, len(d)) for p, d in files.items()],
+                         JournalSession(journal, tag, lambda n: None))
+    stored = await journal.files(tag)
+    journal.close()
+    for f in stored:
+        assert f.sha256 == hashlib.sha256(files[f.path]).hexdigest()
+    manifest = Manifest("run", tag, 4, tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored))
+    return manifest
+
+
+async def test_round_trip(tmp_path: Path) -> None:
+    """Upload, commit, list, restore verified, delete — bytes identical."""
+    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    manifest = await upload(backend, tmp_path, "checkpoint-4")
+    assert await backend.manifests() == []  # files alone are not a checkpoint
+    await backend.commit(manifest)
+    assert [m.tag for m in await backend.manifests()] == ["checkpoint-4"]
+    dest = await restore(backend, await find(backend, "latest"), tmp_path / "restored")
+    for entry in manifest.files:
+        assert (dest / entry.path).read_bytes() == (tmp_path / "src/checkpoint-4" / entry.path).read_bytes()
+    await backend.delete("checkpoint-4")
+    assert await backend.manifests() == []
+    assert not (tmp_path / "store/run/checkpoint-4").exists()
+
+
+async def test_restore_refuses_corruption(tmp_path: Path) -> None:
+    """A store file that no longer matches its manifest fails restore; nothing is left."""
+    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    manifest = await upload(backend, tmp_path, "checkpoint-4")
+    await backend.commit(manifest)
+    target = tmp_path / "store/run/checkpoint-4/sub/opt.pt"
+    target.write_bytes(b"y" * 100)
+    with pytest.raises(IntegrityError, match=r"sub/opt.pt: sha256"):
+        await restore(backend, manifest, tmp_path / "restored")
+    assert list((tmp_path / "restored").iterdir()) == []
+
+
+async def test_restore_does_not_overwrite(tmp_path: Path) -> None:
+    """Restoring over an existing directory is an error, never a silent overwrite."""
+    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    await backend.commit(await upload(backend, tmp_path, "checkpoint-4"))
+    (tmp_path / "restored/checkpoint-4").mkdir(parents=True)
+    with pytest.raises(StorageError, match="already exists"):
+        await restore(backend, (await backend.manifests())[0], tmp_path / "restored")
+
+
+async def test_missing_tag(tmp_path: Path) -> None:
+    """Asking for a tag that is not committed names what exists."""
+    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    await backend.commit(await upload(backend, tmp_path, "checkpoint-4"))
+    with pytest.raises(NotFoundError, match=r"have: checkpoint-4"):
+        await find(backend, "checkpoint-9")
+
+
+async def test_interrupted_upload_is_invisible_and_deletable(tmp_path: Path) -> None:
+    """Files without a manifest (an interrupted upload) are never listed; delete clears them."""
+    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    await upload(backend, tmp_path, "checkpoint-4")
+    (tmp_path / "store/run/checkpoint-4/model.safetensors.traind-part").write_bytes(b"half")
+    assert await backend.manifests() == []
+    await backend.delete("checkpoint-4")
+    assert not (tmp_path / "store/run/checkpoint-4").exists()
+
+
+async def test_probe_reports_unwritable(tmp_path: Path) -> None:
+    """probe() says precisely what is wrong with the store path."""
+    (tmp_path / "file").write_text("not a dir")
+    backend = LocalBackend(LocalStorage(path=tmp_path / "file"), "run")
+    with pytest.raises(StorageError, match="local store"):
+        await backend.probe()

@@ -1,0 +1,90 @@
+"""Retention policy: exhaustive checks of the invariants over many shapes of history."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from traind.checkpoints.retention import Candidate, plan_local, plan_remote
+from traind.config import RetentionConfig
+
+
+def ckpts(*steps: int) -> list[Candidate]:
+    return [Candidate(f"checkpoint-{s}", s) for s in steps]
+
+
+def kept(verdicts: list, keep: bool = True) -> set[str]:  # type: ignore[type-arg]
+    return {v.tag for v in verdicts if v.keep is keep}
+
+
+def test_keep_last() -> None:
+    """The newest keep_last stay, the rest go, each with a reason."""
+    v = plan_remote(ckpts(100, 200, 300, 400), RetentionConfig(keep_last=2, keep_best=False))
+    assert kept(v) == {"checkpoint-300", "checkpoint-400"}
+    assert all(x.reason for x in v)
+
+
+def test_keep_every_steps() -> None:
+    """Multiples of keep_every_steps are kept forever."""
+    policy = RetentionConfig(keep_last=1, keep_every_steps=1000, keep_best=False)
+    v = plan_remote(ckpts(500, 1000, 1500, 2000, 2500), policy)
+    assert kept(v) == {"checkpoint-1000", "checkpoint-2000", "checkpoint-2500"}
+
+
+def test_keep_best() -> None:
+    """The trainer's best checkpoint stays when keep_best is on, goes when off."""
+    c = ckpts(1, 2, 3, 4)
+    assert "checkpoint-1" in kept(plan_remote(c, RetentionConfig(keep_last=1), "checkpoint-1"))
+    off = RetentionConfig(keep_last=1, keep_best=False)
+    assert "checkpoint-1" not in kept(plan_remote(c, off, "checkpoint-1"))
+
+
+def test_protected_is_kept() -> None:
+    """A checkpoint being restored is never deleted."""
+    v = plan_remote(ckpts(1, 2, 3), RetentionConfig(keep_last=1), protected={"checkpoint-1"})
+    assert kept(v) == {"checkpoint-1", "checkpoint-3"}
+
+
+def test_order_is_by_step_not_input_order() -> None:
+    """Newest means highest step, whatever order the store listed them in."""
+    v = plan_remote(ckpts(30, 10, 20), RetentionConfig(keep_last=1, keep_best=False))
+    assert kept(v) == {"checkpoint-30"}
+
+
+@pytest.mark.parametrize("keep_last", [1, 2, 3, 7])
+@pytest.mark.parametrize("every", [None, 2, 3])
+@pytest.mark.parametrize("best", [None, 1, 4])
+def test_invariants_over_histories(keep_last: int, every: int | None, best: int | None) -> None:
+    """For every subset of steps 1..6: the newest is kept, exactly the listed tags get one
+    verdict each, and at least min(keep_last, n) are kept."""
+    policy = RetentionConfig(keep_last=keep_last, keep_every_steps=every, keep_best=True)
+    for n in range(1, 7):
+        for steps in itertools.combinations(range(1, 7), n):
+            c = ckpts(*steps)
+            v = plan_remote(c, policy, f"checkpoint-{best}" if best else None)
+            assert {x.tag for x in v} == {x.tag for x in c}
+            assert f"checkpoint-{max(steps)}" in kept(v)
+            assert len(kept(v)) >= min(keep_last, n)
+            for x in v:
+                if not x.keep:
+                    assert every is None or x.step % every != 0
+                    assert best is None or x.step != best
+
+
+def test_local_never_deletes_uncommitted_or_newest() -> None:
+    """Locally only committed checkpoints beyond keep_local go."""
+    present = ckpts(1, 2, 3, 4)
+    committed = {"checkpoint-1", "checkpoint-3", "checkpoint-4"}
+    v = plan_local(present, committed, keep_local=1)
+    assert kept(v, keep=False) == {"checkpoint-1", "checkpoint-3"}
+    assert {x.reason for x in v if x.tag == "checkpoint-2"} == {"not committed yet"}
+
+
+def test_local_off_and_protected() -> None:
+    """keep_local unset keeps everything; protected checkpoints stay."""
+    present = ckpts(1, 2, 3)
+    all_committed = {c.tag for c in present}
+    assert kept(plan_local(present, all_committed, None), keep=False) == set()
+    v = plan_local(present, all_committed, 1, protected={"checkpoint-1"})
+    assert kept(v, keep=False) == {"checkpoint-2"}
