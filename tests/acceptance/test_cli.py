@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tests.support.daemon import write_config
 
 COMMANDS = ["run", "check-config", "list", "pull", "push", "prune"]
@@ -18,7 +17,10 @@ COMMANDS = ["run", "check-config", "list", "pull", "push", "prune"]
 
 def traind(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "traind", *args], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "traind", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, **(env or {})},
     )
 
@@ -28,7 +30,10 @@ def cfg(tmp_path: Path) -> Path:
     out = tmp_path / "out"
     out.mkdir()
     return write_config(
-        tmp_path / "traind.toml", run="exp", output_dir=out, state_dir=tmp_path / "state",
+        tmp_path / "traind.toml",
+        run="exp",
+        output_dir=out,
+        state_dir=tmp_path / "state",
         storage=f'type = "local"\npath = "{tmp_path / "store"}"',
     )
 
@@ -55,8 +60,10 @@ def test_help_explains_with_an_example(command: str) -> None:
 def test_check_config_reports_every_problem(tmp_path: Path) -> None:
     """A bad file: every problem printed, exit code non-zero."""
     bad = tmp_path / "bad.toml"
-    bad.write_text('[run]\nname = "a b"\noutput_dir = "/x"\n[storage]\ntype = "local"\n'
-                   '[retention]\nkeep_lats = 3\n')
+    bad.write_text(
+        '[run]\nname = "a b"\noutput_dir = "/x"\n[storage]\ntype = "local"\n'
+        "[retention]\nkeep_lats = 3\n"
+    )
     result = traind("check-config", "-c", str(bad))
     assert result.returncode == 2
     assert "run.name = 'a b'" in result.stderr
@@ -68,7 +75,8 @@ def test_check_config_uses_traind_config_env(cfg: Path) -> None:
     """$TRAIND_CONFIG is used when -c is not given, and the store is probed."""
     result = traind("check-config", env={"TRAIND_CONFIG": str(cfg)})
     assert result.returncode == 0, result.stderr
-    assert "valid" in result.stdout and "reachable and writable" in result.stdout
+    assert "valid" in result.stdout
+    assert "reachable and writable" in result.stdout
 
 
 def test_push_list_pull_round_trip(cfg: Path, tmp_path: Path) -> None:
@@ -81,7 +89,8 @@ def test_push_list_pull_round_trip(cfg: Path, tmp_path: Path) -> None:
         ("checkpoint-7", 7, 3, 7)
     ]
     table = traind("list", "-c", str(cfg)).stdout
-    assert "checkpoint-7" in table and "TAG" in table
+    assert "checkpoint-7" in table
+    assert "TAG" in table
     pulled = traind("pull", "-c", str(cfg), "latest", str(tmp_path / "back"))
     assert pulled.returncode == 0, pulled.stderr
     dest = tmp_path / "back/checkpoint-7"
@@ -90,29 +99,36 @@ def test_push_list_pull_round_trip(cfg: Path, tmp_path: Path) -> None:
         if f.is_file():
             assert (dest / f.relative_to(src)).read_bytes() == f.read_bytes()
     again = traind("pull", "-c", str(cfg), "latest", str(tmp_path / "back"))
-    assert again.returncode == 1 and "already exists" in again.stderr
+    assert again.returncode == 1
+    assert "already exists" in again.stderr
 
 
 def test_pull_unknown_tag_and_push_bad_dir(cfg: Path, tmp_path: Path) -> None:
     """Clear errors for a missing tag and for pushing something that is not a checkpoint."""
     result = traind("pull", "-c", str(cfg), "checkpoint-3", str(tmp_path / "x"))
-    assert result.returncode == 1 and "no committed checkpoint 'checkpoint-3'" in result.stderr
+    assert result.returncode == 1
+    assert "no committed checkpoint 'checkpoint-3'" in result.stderr
     result = traind("push", "-c", str(cfg), str(tmp_path / "missing"))
-    assert result.returncode == 1 and "not a directory" in result.stderr
+    assert result.returncode == 1
+    assert "not a directory" in result.stderr
     odd = tmp_path / "weights"
     odd.mkdir()
     result = traind("push", "-c", str(cfg), str(odd))
-    assert result.returncode == 1 and "--tag checkpoint-N" in result.stderr
+    assert result.returncode == 1
+    assert "--tag checkpoint-N" in result.stderr
 
 
 def test_prune_dry_run_then_prune(cfg: Path, tmp_path: Path) -> None:
     """--dry-run says what would go and why, deleting nothing; prune then deletes it."""
     cfg.write_text(cfg.read_text().replace("keep_last = 100", "keep_last = 2"))
     for step in (1, 2, 3):
-        assert traind("push", "-c", str(cfg), str(make_ckpt(tmp_path / "src", step))).returncode == 0
+        assert (
+            traind("push", "-c", str(cfg), str(make_ckpt(tmp_path / "src", step))).returncode == 0
+        )
     dry = traind("prune", "-c", str(cfg), "--dry-run")
     assert dry.returncode == 0
-    assert "checkpoint-1" in dry.stdout and "would delete" in dry.stdout
+    assert "checkpoint-1" in dry.stdout
+    assert "would delete" in dry.stdout
     assert "newest" in dry.stdout
     assert len(json.loads(traind("list", "-c", str(cfg), "--json").stdout)) == 3
     assert traind("prune", "-c", str(cfg)).returncode == 0

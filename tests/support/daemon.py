@@ -55,8 +55,11 @@ class DaemonProcess:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "traind", "run", "-c", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
-            start_new_session=True, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+            text=True,
         )
         self.events: list[Event] = []
         self.raw: list[str] = []

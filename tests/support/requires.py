@@ -23,7 +23,9 @@ def need_module(name: str) -> None:
 
 def need_binary(name: str) -> str:
     """Return the path of executable ``name``; skip (or fail under CI) when absent."""
-    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
+    path = shutil.which(name) or (
+        f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None
+    )
     if path is None:
         _missing(f"executable {name!r} is not on PATH")
         raise AssertionError("unreachable")

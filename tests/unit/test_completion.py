@@ -8,8 +8,9 @@ A = frozenset({("model.bin", 10, 1), ("trainer_state.json", 2, 1)})
 B = frozenset({("model.bin", 20, 2), ("trainer_state.json", 2, 1)})
 
 
-def seen(sig: frozenset[tuple[str, int, int]] = A, marker: bool = True,
-         explicit: bool = False) -> Observation:
+def seen(
+    sig: frozenset[tuple[str, int, int]] = A, marker: bool = True, explicit: bool = False
+) -> Observation:
     return Observation(sig, marker, explicit)
 
 

@@ -36,7 +36,9 @@ def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
     assert s.checkpoints.markers == ("trainer_state.json", ".metadata")
     assert s.retention.keep_last == 5
     assert s.run.state_dir == Path("/var/lib/traind")
-    assert s.trainer is None and s.vllm is None and s.services == ()
+    assert s.trainer is None
+    assert s.vllm is None
+    assert s.services == ()
 
 
 def test_example_configs_are_valid() -> None:
@@ -67,8 +69,7 @@ def test_settings_are_frozen(tmp_path: Path) -> None:
 def test_every_problem_is_reported_with_key_and_value(tmp_path: Path) -> None:
     """A bad file lists each problem, naming the key, the value and what is allowed."""
     text = MINIMAL.replace('name = "exp1"', 'name = "my run"') + (
-        '\n[checkpoints]\nsettle = "5 parsecs"\nsetle = "1s"\n'
-        "\n[retention]\nkeep_last = 0\n"
+        '\n[checkpoints]\nsettle = "5 parsecs"\nsetle = "1s"\n\n[retention]\nkeep_last = 0\n'
     )
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, text))
@@ -76,7 +77,8 @@ def test_every_problem_is_reported_with_key_and_value(tmp_path: Path) -> None:
     assert len(problems) == 4, problems
     joined = "\n".join(problems)
     assert "run.name = 'my run'" in joined
-    assert "checkpoints.settle = '5 parsecs'" in joined and "'30s'" in joined
+    assert "checkpoints.settle = '5 parsecs'" in joined
+    assert "'30s'" in joined
     assert "checkpoints.setle: unknown key" in joined
     assert "retention.keep_last = 0" in joined
 

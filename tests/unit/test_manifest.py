@@ -11,7 +11,9 @@ from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts,
 from traind.errors import IntegrityError, UnsafePathError
 from traind.storage.keys import check_relpath, check_tag
 
-M = Manifest("run", "checkpoint-4", 4, (FileEntry("a/b.bin", 3, "ab" * 32), FileEntry("c", 1, "0" * 64)))
+M = Manifest(
+    "run", "checkpoint-4", 4, (FileEntry("a/b.bin", 3, "ab" * 32), FileEntry("c", 1, "0" * 64))
+)
 
 
 def test_round_trip() -> None:
@@ -38,9 +40,11 @@ def test_malformed_manifest_is_an_integrity_error() -> None:
 def test_trainer_facts(tmp_path: Path) -> None:
     """global_step and the best checkpoint come from trainer_state.json when present."""
     assert read_trainer_facts(tmp_path).global_step is None
-    (tmp_path / "trainer_state.json").write_text(json.dumps(
-        {"global_step": 40, "best_metric": 0.5, "best_model_checkpoint": "/o/checkpoint-20"}
-    ))
+    (tmp_path / "trainer_state.json").write_text(
+        json.dumps(
+            {"global_step": 40, "best_metric": 0.5, "best_model_checkpoint": "/o/checkpoint-20"}
+        )
+    )
     facts = read_trainer_facts(tmp_path)
     assert (facts.global_step, facts.best_metric, facts.best_tag) == (40, 0.5, "checkpoint-20")
 
@@ -54,9 +58,7 @@ def test_verify() -> None:
         verify(M, {"a/b.bin": (3, "ab" * 32), "c": (1, "1" * 64)})
 
 
-@pytest.mark.parametrize(
-    "bad", ["", ".", "..", "a b", ";rm -rf", "x/y", "é", "$(id)", "a\nb"]
-)
+@pytest.mark.parametrize("bad", ["", ".", "..", "a b", ";rm -rf", "x/y", "é", "$(id)", "a\nb"])
 def test_unsafe_tags(bad: str) -> None:
     """Tags are one safe component."""
     with pytest.raises(UnsafePathError):

@@ -9,8 +9,16 @@ from traind.units import format_size, parse_duration, parse_size
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30s", 30), ("10m", 600), ("1.5h", 5400), ("250ms", 0.25), ("2d", 172800), (5, 5),
-     ("7", 7), (" 3 S ", 3)],
+    [
+        ("30s", 30),
+        ("10m", 600),
+        ("1.5h", 5400),
+        ("250ms", 0.25),
+        ("2d", 172800),
+        (5, 5),
+        ("7", 7),
+        (" 3 S ", 3),
+    ],
 )
 def test_durations(text: object, seconds: float) -> None:
     """Every unit converts to seconds."""
@@ -19,8 +27,15 @@ def test_durations(text: object, seconds: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("64MiB", 64 * 1024**2), ("1GB", 10**9), ("512k", 512_000), ("2KiB", 2048), (100, 100),
-     ("1.5GiB", int(1.5 * 1024**3)), ("10b", 10)],
+    [
+        ("64MiB", 64 * 1024**2),
+        ("1GB", 10**9),
+        ("512k", 512_000),
+        ("2KiB", 2048),
+        (100, 100),
+        ("1.5GiB", int(1.5 * 1024**3)),
+        ("10b", 10),
+    ],
 )
 def test_sizes(text: object, size: int) -> None:
     """Binary and decimal units convert to bytes."""

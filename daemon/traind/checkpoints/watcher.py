@@ -117,8 +117,10 @@ class Watcher:
             poll_delay_ms=interval_ms,
             rust_timeout=interval_ms,
             yield_on_timeout=True,
-            debounce=200,
-            step=20,
+            # React within milliseconds: a trainer with save_total_limit may delete a
+            # checkpoint two saves after writing it, which on a small model is ~50 ms.
+            debounce=10,
+            step=1,
             recursive=True,
         ):
             yield changes

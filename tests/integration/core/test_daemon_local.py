@@ -13,7 +13,9 @@ from pathlib import Path
 from tests.support.daemon import DaemonProcess, write_config
 
 
-def write_checkpoint(out: Path, step: int, size: int = 64 * 1024, nfiles: int = 2) -> dict[str, str]:
+def write_checkpoint(
+    out: Path, step: int, size: int = 64 * 1024, nfiles: int = 2
+) -> dict[str, str]:
     """Write a checkpoint like transformers does (marker last); return path → sha256."""
     d = out / f"checkpoint-{step}"
     d.mkdir(parents=True)
@@ -41,8 +43,12 @@ def setup(tmp_path: Path, extra: str = "", storage_extra: str = "") -> tuple[Pat
     out, store = tmp_path / "out", tmp_path / "store"
     out.mkdir()
     cfg = write_config(
-        tmp_path / "traind.toml", run="exp", output_dir=out, state_dir=tmp_path / "state",
-        storage=f'type = "local"\npath = "{store}"\n{storage_extra}', extra=extra,
+        tmp_path / "traind.toml",
+        run="exp",
+        output_dir=out,
+        state_dir=tmp_path / "state",
+        storage=f'type = "local"\npath = "{store}"\n{storage_extra}',
+        extra=extra,
     )
     return out, store, cfg
 
@@ -60,8 +66,10 @@ def test_every_checkpoint_committed_despite_fast_rotation(tmp_path: Path) -> Non
                 shutil.rmtree(out / f"checkpoint-{step - 2}")
             time.sleep(0.15)
         for tag in expected:
-            daemon.wait_for(lambda e, t=tag: e.get("event") == "checkpoint_committed"
-                            and e["tag"] == t, timeout=30)
+            daemon.wait_for(
+                lambda e, t=tag: e.get("event") == "checkpoint_committed" and e["tag"] == t,
+                timeout=30,
+            )
         assert stored(store, "exp") == expected
         assert daemon.stop() == 0
     finally:
@@ -72,13 +80,15 @@ def test_every_checkpoint_committed_despite_fast_rotation(tmp_path: Path) -> Non
 
 def test_restores_newest_on_fresh_host_then_streams(tmp_path: Path) -> None:
     """A fresh output_dir gets the newest committed checkpoint before anything else."""
-    out, store, cfg = setup(tmp_path)
+    out, _store, cfg = setup(tmp_path)
     first = DaemonProcess(cfg)
     try:
         for step in (1, 2):
             write_checkpoint(out, step)
-        first.wait_for(lambda e: e.get("event") == "checkpoint_committed"
-                       and e["tag"] == "checkpoint-2", timeout=30)
+        first.wait_for(
+            lambda e: e.get("event") == "checkpoint_committed" and e["tag"] == "checkpoint-2",
+            timeout=30,
+        )
         assert first.stop() == 0
     finally:
         first.kill()
@@ -92,8 +102,10 @@ def test_restores_newest_on_fresh_host_then_streams(tmp_path: Path) -> None:
         assert (out / "checkpoint-2/trainer_state.json").exists()
         assert not (out / "checkpoint-1").exists()
         write_checkpoint(out, 3)
-        second.wait_for(lambda e: e.get("event") == "checkpoint_committed"
-                        and e["tag"] == "checkpoint-3", timeout=30)
+        second.wait_for(
+            lambda e: e.get("event") == "checkpoint_committed" and e["tag"] == "checkpoint-3",
+            timeout=30,
+        )
         assert second.stop() == 0
     finally:
         second.kill()
@@ -136,16 +148,31 @@ def test_sigkill_mid_commit_then_restart_commits_once(tmp_path: Path) -> None:
 def test_retention_prunes_store_and_output_dir(tmp_path: Path) -> None:
     """After commits, the store keeps keep_last and output_dir keeps keep_local."""
     out, store, cfg = setup(tmp_path)
-    cfg.write_text(cfg.read_text().replace("keep_last = 100", "keep_last = 2")
-                   .replace("keep_local = 100", "keep_local = 1"))
+    cfg.write_text(
+        cfg.read_text()
+        .replace("keep_last = 100", "keep_last = 2")
+        .replace("keep_local = 100", "keep_local = 1")
+    )
     daemon = DaemonProcess(cfg)
     try:
         for step in (1, 2, 3, 4):
             write_checkpoint(out, step)
-        daemon.wait_for(lambda e: e.get("event") == "checkpoint_pruned"
-                        and e["where"] == "remote" and e["tag"] == "checkpoint-2", timeout=30)
-        daemon.wait_for(lambda e: e.get("event") == "checkpoint_pruned"
-                        and e["where"] == "local" and e["tag"] == "checkpoint-3", timeout=30)
+        daemon.wait_for(
+            lambda e: (
+                e.get("event") == "checkpoint_pruned"
+                and e["where"] == "remote"
+                and e["tag"] == "checkpoint-2"
+            ),
+            timeout=30,
+        )
+        daemon.wait_for(
+            lambda e: (
+                e.get("event") == "checkpoint_pruned"
+                and e["where"] == "local"
+                and e["tag"] == "checkpoint-3"
+            ),
+            timeout=30,
+        )
         assert daemon.stop() == 0
     finally:
         daemon.kill()

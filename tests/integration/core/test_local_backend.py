@@ -18,8 +18,11 @@ from traind.storage.local import LocalBackend
 
 
 def make_checkpoint(root: Path) -> dict[str, bytes]:
-    files = {"model.safetensors": os.urandom(3 * 1024 * 1024 + 7), "sub/opt.pt": b"x" * 100,
-             "trainer_state.json": b'{"global_step": 4}'}
+    files = {
+        "model.safetensors": os.urandom(3 * 1024 * 1024 + 7),
+        "sub/opt.pt": b"x" * 100,
+        "trainer_state.json": b'{"global_step": 4}',
+    }
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
@@ -31,13 +34,19 @@ async def upload(backend: LocalBackend, tmp_path: Path, tag: str) -> Manifest:
     files = make_checkpoint(src)
     journal = Journal(tmp_path / f"j-{tag}.db")
     await journal.staged(tag, 4, src, [LocalFile(p, len(d)) for p, d in files.items()])
-    await backend.upload(tag, src, [LocalFile(p, len(d)) for p, d in files.items()],
-                         JournalSession(journal, tag, lambda n: None))
+    await backend.upload(
+        tag,
+        src,
+        [LocalFile(p, len(d)) for p, d in files.items()],
+        JournalSession(journal, tag, lambda n: None),
+    )
     stored = await journal.files(tag)
     journal.close()
     for f in stored:
         assert f.sha256 == hashlib.sha256(files[f.path]).hexdigest()
-    manifest = Manifest("run", tag, 4, tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored))
+    manifest = Manifest(
+        "run", tag, 4, tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored)
+    )
     return manifest
 
 
@@ -50,7 +59,9 @@ async def test_round_trip(tmp_path: Path) -> None:
     assert [m.tag for m in await backend.manifests()] == ["checkpoint-4"]
     dest = await restore(backend, await find(backend, "latest"), tmp_path / "restored")
     for entry in manifest.files:
-        assert (dest / entry.path).read_bytes() == (tmp_path / "src/checkpoint-4" / entry.path).read_bytes()
+        assert (dest / entry.path).read_bytes() == (
+            tmp_path / "src/checkpoint-4" / entry.path
+        ).read_bytes()
     await backend.delete("checkpoint-4")
     assert await backend.manifests() == []
     assert not (tmp_path / "store/run/checkpoint-4").exists()
