@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+from pathlib import Path
 
 import structlog
 
+from traind import config
 from traind.checkpoints import pruner
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
@@ -20,16 +22,22 @@ from traind.checkpoints.snapshot import observe
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import Watcher, candidates
 from traind.config import Settings
+from traind.errors import ConfigError, TraindError
+from traind.reload import plan_reload
 from traind.storage.base import Storage
 from traind.storage.factory import open_storage
 
 log = structlog.get_logger("traind.app")
 
+
 class Daemon:
     """Watches the run's output_dir and streams every complete checkpoint to storage."""
 
-    def __init__(self, settings: Settings, storage: Storage | None = None) -> None:
+    def __init__(
+        self, settings: Settings, storage: Storage | None = None, config_path: Path | None = None
+    ) -> None:
         self.settings = settings
+        self.config_path = config_path
         self.storage = storage or open_storage(settings.storage, settings.run.name)
         state_dir = settings.run.state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -39,11 +47,11 @@ class Daemon:
         )
         self._prune_now = asyncio.Event()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set, then shut down cleanly."""
+    async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
+        """Run until ``stop`` is set, re-reading the config whenever ``reload`` is set."""
         try:
             watcher = await self.startup()
-            await self.main_loop(watcher, stop)
+            await self.main_loop(watcher, stop, reload or asyncio.Event())
         finally:
             await self.storage.aclose()
             self.journal.close()
@@ -52,27 +60,38 @@ class Daemon:
     async def startup(self) -> Watcher:
         """Restore if this is a fresh host, recover unfinished work, build the watcher."""
         run = self.settings.run
-        log.info("daemon_starting", run=run.name, output_dir=str(run.output_dir),
-                 state_dir=str(run.state_dir), backend=self.storage.describe)
+        log.info(
+            "daemon_starting",
+            run=run.name,
+            output_dir=str(run.output_dir),
+            state_dir=str(run.state_dir),
+            backend=self.storage.describe,
+        )
         manifests = await self.storage.manifests()
         await self._restore_if_fresh(manifests)
         tracked = await self._recover(manifests)
         done = {e.tag for e in await self.journal.entries("ready", "committed", "pruned")}
         done |= {m.tag for m in manifests}
         return Watcher(
-            self.settings.checkpoints, run.output_dir, self.streamer.stage,
-            self.streamer.complete, done, tracked,
+            self.settings.checkpoints,
+            run.output_dir,
+            self.streamer.stage,
+            self.streamer.complete,
+            done,
+            tracked,
         )
 
-    async def main_loop(self, watcher: Watcher, stop: asyncio.Event) -> None:
+    async def main_loop(self, watcher: Watcher, stop: asyncio.Event, reload: asyncio.Event) -> None:
         """Watch, stream and prune until ``stop``; then finish or park the upload in flight."""
         log.info("daemon_ready")
         async with asyncio.TaskGroup() as tg:
             watching = tg.create_task(watcher.run(), name="watcher")
             streaming = tg.create_task(self.streamer.run(), name="streamer")
             pruning = tg.create_task(self._retention_loop(), name="retention")
+            reloading = tg.create_task(self._reload_loop(reload), name="reload")
             await stop.wait()
             log.info("daemon_stopping")
+            reloading.cancel()
             watching.cancel()
             pruning.cancel()
             with contextlib.suppress(TimeoutError):
@@ -128,6 +147,53 @@ class Daemon:
                     log.info("staging_orphan_removed", path=str(path))
         return tracked
 
+    async def _reload_loop(self, reload: asyncio.Event) -> None:
+        while True:
+            await reload.wait()
+            reload.clear()
+            await self.reload()
+
+    async def reload(self) -> None:
+        """Re-read the config file; apply what can change live, report the rest.
+
+        An invalid file changes nothing. A new storage backend is probed before it is used;
+        the upload in flight finishes on the old one (see ``Streamer.replace_storage``).
+        """
+        path = self.config_path
+        if path is None:
+            log.warning("reload_ignored", reason="daemon was not started from a config file")
+            return
+        try:
+            new = await asyncio.to_thread(config.load, path)
+        except ConfigError as exc:
+            log.error("reload_rejected", config=str(path), problems=exc.problems)
+            return
+        plan = plan_reload(self.settings, new)
+        if "storage" in plan.applied:
+            storage = open_storage(new.storage, new.run.name)
+            try:
+                await storage.probe()
+            except TraindError as exc:
+                await storage.aclose()
+                log.error("reload_rejected", config=str(path), problems=[f"storage: {exc}"])
+                return
+            old = await self.streamer.replace_storage(storage)
+            self.storage = storage
+            await old.aclose()
+        self.settings = plan.effective
+        log.info(
+            "reload_applied",
+            applied=list(plan.applied),
+            needs_restart=list(plan.needs_restart),
+            backend=self.storage.describe,
+        )
+        if plan.needs_restart:
+            log.warning(
+                "reload_needs_restart",
+                sections=list(plan.needs_restart),
+                hint="systemctl restart traind",
+            )
+
     async def _committed(self, manifest: Manifest) -> None:
         self._prune_now.set()
 
@@ -141,9 +207,11 @@ class Daemon:
             self._prune_now.clear()
             try:
                 await pruner.prune(
-                    self.storage, self.journal, policy, self.settings.run.output_dir,
+                    self.storage,
+                    self.journal,
+                    policy,
+                    self.settings.run.output_dir,
                     self.settings.checkpoints.pattern,
                 )
             except Exception as exc:  # a failed prune must never stop the daemon
                 log.error("prune_failed", error=str(exc))
-

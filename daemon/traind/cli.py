@@ -97,12 +97,14 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 async def _run(args: argparse.Namespace) -> int:
     from traind.app import Daemon
 
-    settings = _settings(args)
-    stop = asyncio.Event()
+    path = config.config_path(args.config)
+    settings = config.load(path)
+    stop, reload = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await Daemon(settings).run(stop)
+    loop.add_signal_handler(signal.SIGHUP, reload.set)
+    await Daemon(settings, config_path=path).run(stop, reload)
     return 0
 
 

@@ -51,6 +51,7 @@ class Streamer:
         self.current: tuple[str, Progress] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
+        self._commit_lock = asyncio.Lock()
 
     @property
     def queued(self) -> int:
@@ -122,8 +123,23 @@ class Streamer:
         log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
         asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
 
+    async def replace_storage(self, new: Storage) -> Storage:
+        """Send everything from now on to ``new``; return the old backend.
+
+        An upload in flight finishes on the old backend first (this waits for it); a
+        checkpoint half-sent to the old backend starts over on the new one (the journal
+        notices the backend changed), so nothing is lost and nothing is committed twice.
+        """
+        async with self._commit_lock:
+            old, self.storage = self.storage, new
+        return old
+
     async def commit(self, tag: str, progress: Progress | None = None) -> Manifest:
         """Upload what is not stored yet of ``tag``, then write its manifest."""
+        async with self._commit_lock:
+            return await self._commit(tag, progress)
+
+    async def _commit(self, tag: str, progress: Progress | None) -> Manifest:
         entry = await self._journal.get(tag)
         if entry is None:
             raise StorageError(f"checkpoint {tag} is not in the journal")
