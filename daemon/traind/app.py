@@ -1,4 +1,4 @@
-"""The daemon: start-up, main loop, shutdown — in that order, and nothing else.
+"""The daemon: start-up, main loop, shutdown — in that order.
 
 One TaskGroup owns every long-lived task; cancelling it is the shutdown. Signal handlers
 only set events.
@@ -8,30 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 from pathlib import Path
 
 import structlog
 
 from traind import config
-from traind.checkpoints import pruner
+from traind.checkpoints import pruner, recovery
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
-from traind.checkpoints.restore import newest, restore
-from traind.checkpoints.snapshot import observe
 from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import Watcher, candidates
+from traind.checkpoints.watcher import Watcher
 from traind.config import Settings
 from traind.errors import ConfigError, TraindError
 from traind.reload import plan_reload
 from traind.storage.base import Storage
 from traind.storage.factory import open_storage
+from traind.supervisor.process import become_subreaper
+from traind.supervisor.runner import Supervisor
 
 log = structlog.get_logger("traind.app")
 
 
 class Daemon:
-    """Watches the run's output_dir and streams every complete checkpoint to storage."""
+    """Supervises the run's processes and streams every complete checkpoint to storage."""
 
     def __init__(
         self, settings: Settings, storage: Storage | None = None, config_path: Path | None = None
@@ -45,6 +44,7 @@ class Daemon:
         self.streamer = Streamer(
             settings.run.name, state_dir, self.storage, self.journal, self._committed
         )
+        self.supervisor: Supervisor | None = None
         self._prune_now = asyncio.Event()
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
@@ -59,93 +59,111 @@ class Daemon:
 
     async def startup(self) -> Watcher:
         """Restore if this is a fresh host, recover unfinished work, build the watcher."""
-        run = self.settings.run
+        s = self.settings
         log.info(
             "daemon_starting",
-            run=run.name,
-            output_dir=str(run.output_dir),
-            state_dir=str(run.state_dir),
+            run=s.run.name,
+            output_dir=str(s.run.output_dir),
+            state_dir=str(s.run.state_dir),
             backend=self.storage.describe,
         )
         manifests = await self.storage.manifests()
-        await self._restore_if_fresh(manifests)
-        tracked = await self._recover(manifests)
+        await recovery.restore_if_fresh(
+            self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
+        )
+        tracked = await recovery.recover(self.streamer, self.journal, manifests)
         done = {e.tag for e in await self.journal.entries("ready", "committed", "pruned")}
         done |= {m.tag for m in manifests}
+        if s.trainer or s.vllm or s.services:
+            become_subreaper()
+            self.supervisor = Supervisor(
+                state_dir=s.run.state_dir,
+                vllm=s.vllm,
+                services=s.services,
+                trainer=s.trainer,
+                resume_from=self._resume_point,
+            )
         return Watcher(
-            self.settings.checkpoints,
-            run.output_dir,
-            self.streamer.stage,
-            self.streamer.complete,
-            done,
-            tracked,
+            s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked
         )
 
     async def main_loop(self, watcher: Watcher, stop: asyncio.Event, reload: asyncio.Event) -> None:
-        """Watch, stream and prune until ``stop``; then finish or park the upload in flight."""
+        """Supervise, watch, stream and prune until ``stop``; then shut down in order: the
+        children (trainer first), the watcher, then the upload in flight within
+        ``stop_timeout`` (whatever is left stays in the journal for next time)."""
         log.info("daemon_ready")
         async with asyncio.TaskGroup() as tg:
+            background = [
+                tg.create_task(self._retention_loop(), name="retention"),
+                tg.create_task(self._reload_loop(reload), name="reload"),
+            ]
+            if self.supervisor is not None:
+                background.append(tg.create_task(self._supervise(stop), name="supervisor"))
             watching = tg.create_task(watcher.run(), name="watcher")
             streaming = tg.create_task(self.streamer.run(), name="streamer")
-            pruning = tg.create_task(self._retention_loop(), name="retention")
-            reloading = tg.create_task(self._reload_loop(reload), name="reload")
             await stop.wait()
             log.info("daemon_stopping")
-            reloading.cancel()
-            watching.cancel()
-            pruning.cancel()
+            if self.supervisor is not None:
+                await self.supervisor.stop()
+            for task in [*background, watching]:
+                task.cancel()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.run.stop_timeout):
                     await self.streamer.wait_idle()
             streaming.cancel()
 
-    async def _restore_if_fresh(self, manifests: list[Manifest]) -> None:
-        run = self.settings.run
-        latest = newest(manifests)
-        if latest is None or await asyncio.to_thread(self._has_local_checkpoint):
+    async def _supervise(self, stop: asyncio.Event) -> None:
+        """Run the children; when training finished, commit what is left, then stop."""
+        assert self.supervisor is not None
+        outcome = await self.supervisor.run()
+        if outcome != "finished":
+            log.error(
+                "supervision_ended",
+                outcome=outcome,
+                hint="checkpoint streaming continues; see the child_* events",
+            )
             return
-        log.info("restore_starting", tag=latest.tag, step=latest.step, reason="fresh output_dir")
-        await restore(self.storage, latest, run.output_dir)
-        await self.journal.record_committed(
-            latest.tag, latest.step, run.output_dir / latest.tag, self.storage.describe
+        # The last checkpoint may still be settling: let the watcher see it, then drain.
+        await asyncio.sleep(
+            self.settings.checkpoints.settle + 2 * self.settings.checkpoints.poll_interval
+        )
+        await self.streamer.wait_idle()
+        log.info(
+            "run_complete",
+            exit=bool(self.settings.trainer and self.settings.trainer.exit_when_done),
+        )
+        if self.settings.trainer is not None and self.settings.trainer.exit_when_done:
+            stop.set()
+
+    async def _stage(self, tag: str, step: int, source: Path) -> bool:
+        staged = await self.streamer.stage(tag, step, source)
+        if staged and self.supervisor is not None:
+            self.supervisor.notify_progress()
+        return staged
+
+    async def _resume_point(self) -> Path | None:
+        s = self.settings
+        return await recovery.resume_point(
+            self.storage, self.journal, s.run.output_dir, s.checkpoints
         )
 
-    def _has_local_checkpoint(self) -> bool:
-        run, ckpt = self.settings.run, self.settings.checkpoints
-        for tag in candidates(run.output_dir, ckpt.pattern):
-            seen = observe(run.output_dir / tag, ckpt.markers)
-            if seen is not None and (seen.has_marker or seen.explicit):
-                return True
-        return False
+    async def _committed(self, manifest: Manifest) -> None:
+        self._prune_now.set()
 
-    async def _recover(self, manifests: list[Manifest]) -> list[str]:
-        """Resume what a previous daemon left: queue ready snapshots, re-track staged ones,
-        mark as committed what reached the store, and delete orphaned staging dirs."""
-        remote = {m.tag: m for m in manifests}
-        staging = self.streamer.staging
-        keep: set[str] = set()
-        tracked = []
-        for entry in await self.journal.entries("staged", "ready"):
-            have_snapshot = (staging / entry.tag).is_dir()
-            if entry.tag in remote and entry.state == "ready":
-                await self.journal.set_state(entry.tag, "committed")
-                log.info("recovered_committed", tag=entry.tag)
-            elif entry.state == "ready" and have_snapshot:
-                keep.add(entry.tag)
-                self.streamer.enqueue(entry.tag)
-                log.info("recovered_upload", tag=entry.tag)
-            elif entry.state == "staged" and (have_snapshot or entry.source.exists()):
-                keep.add(entry.tag)
-                tracked.append(entry.tag)
-                log.info("recovered_staged", tag=entry.tag)
-            else:
-                log.warning("recovered_lost", tag=entry.tag, state=entry.state)
-        if staging.is_dir():
-            for path in staging.iterdir():
-                if path.name not in keep:
-                    await asyncio.to_thread(shutil.rmtree, path, True)
-                    log.info("staging_orphan_removed", path=str(path))
-        return tracked
+    async def _retention_loop(self) -> None:
+        """Prune after each commit and every ``retention.interval`` (re-read on reload)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.retention.interval):
+                    await self._prune_now.wait()
+            self._prune_now.clear()
+            s = self.settings
+            try:
+                await pruner.prune(
+                    self.storage, self.journal, s.retention, s.run.output_dir, s.checkpoints.pattern
+                )
+            except Exception as exc:  # a failed prune must never stop the daemon
+                log.error("prune_failed", error=str(exc))
 
     async def _reload_loop(self, reload: asyncio.Event) -> None:
         while True:
@@ -193,25 +211,3 @@ class Daemon:
                 sections=list(plan.needs_restart),
                 hint="systemctl restart traind",
             )
-
-    async def _committed(self, manifest: Manifest) -> None:
-        self._prune_now.set()
-
-    async def _retention_loop(self) -> None:
-        """Prune after each commit and every ``retention.interval``."""
-        policy = self.settings.retention
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(policy.interval):
-                    await self._prune_now.wait()
-            self._prune_now.clear()
-            try:
-                await pruner.prune(
-                    self.storage,
-                    self.journal,
-                    policy,
-                    self.settings.run.output_dir,
-                    self.settings.checkpoints.pattern,
-                )
-            except Exception as exc:  # a failed prune must never stop the daemon
-                log.error("prune_failed", error=str(exc))

@@ -72,11 +72,23 @@ class S3Storage(Section):
     access_key_id: SecretStr | None = None
     secret_access_key: SecretStr | None = None
     session_token: SecretStr | None = None
-    part_size: Size = Field(default=64 * 1024**2, ge=5 * 1024**2)
+    # Upload memory is bounded by concurrency x part_size (8 x 16 MiB = 128 MiB).
+    part_size: Size = Field(default=16 * 1024**2, ge=5 * 1024**2, le=5 * 1024**3)
     concurrency: int = Field(default=8, ge=1, le=256)
-    max_bandwidth: Size | None = None
+    max_bandwidth: Size | None = Field(default=None, ge=1)
     request_checksum_calculation: Literal["when_supported", "when_required"] = "when_supported"
     retries: int = Field(default=8, ge=0)
+    retry_max_delay: Duration = 20.0
+    connect_timeout: Duration = 10.0
+    read_timeout: Duration = 60.0
+
+    @field_validator("prefix")
+    @classmethod
+    def _safe_prefix(cls, v: str) -> str:
+        v = v.strip("/")
+        for part in v.split("/") if v else ():
+            check_component(part, "prefix component")
+        return v
 
 
 class SSHStorage(Section):
@@ -93,6 +105,25 @@ class SSHStorage(Section):
     concurrency: int = Field(default=4, ge=1, le=64)
     keepalive: Duration = 15.0
     transfer: Literal["sftp", "rsync"] = "sftp"
+    connect_timeout: Duration = 30.0
+    retries: int = Field(default=8, ge=0, description="reconnects per operation, then fail")
+    backoff_initial: Duration = 0.5
+    backoff_max: Duration = 30.0
+
+    @field_validator("host", "user")
+    @classmethod
+    def _no_option_lookalike(cls, v: str | None) -> str | None:
+        # Both end up as ssh/rsync arguments: a leading "-" would be read as an option.
+        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
+            raise ValueError("must be non-empty, must not start with '-' or contain spaces")
+        return v
+
+    @field_validator("remote_path")
+    @classmethod
+    def _usable_remote_path(cls, v: str) -> str:
+        if not v.strip() or "\0" in v:
+            raise ValueError("must be a non-empty path on the remote host")
+        return v
 
 
 StorageConfig = Annotated[LocalStorage | S3Storage | SSHStorage, Field(discriminator="type")]
@@ -146,6 +177,8 @@ class ChildConfig(Section):
     gpus: tuple[int, ...] | None = None
     restart: RestartConfig = RestartConfig()
     stop_grace: Duration = 30.0
+    log_max_bytes: Size = 64 * 1024**2  # <state_dir>/logs/<name>.log rotates at this size
+    log_backups: int = Field(default=3, ge=0)  # rotated log files kept
 
 
 class ServiceConfig(ChildConfig):
@@ -165,6 +198,7 @@ class VLLMConfig(ChildConfig):
 
     health: HealthConfig
     on_trainer_restart: Literal["close-communicator", "restart", "nothing"] = "close-communicator"
+    release_timeout: Duration = 120.0  # before a restart: wait this long for port and GPUs to free
 
 
 class TrainerConfig(ChildConfig):
@@ -173,6 +207,7 @@ class TrainerConfig(ChildConfig):
     progress_timeout: Duration | None = 1800.0
     first_progress_timeout: Duration | None = 3600.0
     distributed: bool = False
+    exit_when_done: bool = True  # after the trainer exits 0 and every checkpoint is committed
 
 
 class Settings(BaseSettings):

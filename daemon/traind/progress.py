@@ -55,22 +55,31 @@ class Progress:
 
 @asynccontextmanager
 async def shown(
-    progress: Progress, label: str, stream: TextIO | None = None, every: float = 0.2
+    progress: Progress,
+    label: str,
+    stream: TextIO | None = None,
+    *,
+    bar: bool | None = None,
+    log_every: float = 5.0,
 ) -> AsyncIterator[Progress]:
-    """Show ``progress`` while the block runs: a redrawn bar on a TTY, else a log event
-    every few seconds."""
+    """Show ``progress`` while the block runs: a redrawn bar (default: when ``stream`` is a
+    TTY), else a ``transfer_progress`` log event every ``log_every`` seconds."""
     out = stream or sys.stderr
-    tty = out.isatty()
+    tty = out.isatty() if bar is None else bar
 
     async def render() -> None:
         while True:
-            await asyncio.sleep(every if tty else 5.0)
+            await asyncio.sleep(0.2 if tty else log_every)
             if tty:
                 out.write(f"\r{label} {progress.line()}")
                 out.flush()
             else:
-                log.info("transfer_progress", what=label, bytes_done=progress.done,
-                         bytes_total=progress.total, mb_per_s=round(progress.rate / 1e6, 1))
+                eta = progress.eta
+                log.info(
+                    "transfer_progress", what=label, bytes_done=progress.done,
+                    bytes_total=progress.total, mb_per_s=round(progress.rate / 1e6, 1),
+                    eta_seconds=round(eta) if eta is not None else None,
+                )
 
     task = asyncio.create_task(render())
     try:

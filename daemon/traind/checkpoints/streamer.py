@@ -19,7 +19,7 @@ from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts
 from traind.errors import StorageError, TraindError
-from traind.progress import Progress
+from traind.progress import Progress, shown
 from traind.storage.base import LocalFile, Storage
 
 log = structlog.get_logger("traind.streamer")
@@ -148,11 +148,17 @@ class Streamer:
         await self._journal.begin_upload(tag, self.storage.describe)
         stored = await self._journal.files(tag)
         pending = [LocalFile(f.path, f.size) for f in stored if f.sha256 is None]
+        shown_by_caller = progress is not None
         progress = progress or Progress(sum(f.size for f in pending))
         self.current = (tag, progress)
         if pending:
             session = JournalSession(self._journal, tag, progress.advance)
-            await self.storage.upload(tag, root, pending, session)
+            upload = self.storage.upload(tag, root, pending, session)
+            if shown_by_caller:
+                await upload
+            else:
+                async with shown(progress, tag, bar=False, log_every=10.0):
+                    await upload
         stored = await self._journal.files(tag)
         missing = [f.path for f in stored if f.sha256 is None]
         if missing:

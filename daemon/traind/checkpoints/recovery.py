@@ -1,0 +1,98 @@
+"""Start-up recovery: restore on a fresh host, and pick up what a previous daemon left."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import structlog
+
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.restore import find, newest, restore
+from traind.checkpoints.snapshot import observe
+from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.watcher import candidates
+from traind.config import CheckpointsConfig
+from traind.storage.base import Storage
+
+log = structlog.get_logger("traind.recovery")
+
+
+def local_checkpoints(output_dir: Path, config: CheckpointsConfig) -> dict[str, int]:
+    """Complete-looking checkpoint directories in ``output_dir`` (a marker present)."""
+    found = {}
+    for tag, step in candidates(output_dir, config.pattern).items():
+        seen = observe(output_dir / tag, config.markers)
+        if seen is not None and (seen.has_marker or seen.explicit):
+            found[tag] = step
+    return found
+
+
+async def restore_if_fresh(
+    storage: Storage,
+    journal: Journal,
+    manifests: list[Manifest],
+    output_dir: Path,
+    config: CheckpointsConfig,
+) -> None:
+    """Restore the newest committed checkpoint when ``output_dir`` holds none."""
+    latest = newest(manifests)
+    if latest is None:
+        return
+    if await asyncio.to_thread(local_checkpoints, output_dir, config):
+        return
+    log.info("restore_starting", tag=latest.tag, step=latest.step, reason="fresh output_dir")
+    await restore(storage, latest, output_dir)
+    await journal.record_committed(
+        latest.tag, latest.step, output_dir / latest.tag, storage.describe
+    )
+
+
+async def recover(streamer: Streamer, journal: Journal, manifests: list[Manifest]) -> list[str]:
+    """Queue ready snapshots, re-track staged ones, mark as committed what reached the store,
+    delete orphaned staging; return the tags the watcher should keep tracking."""
+    remote = {m.tag for m in manifests}
+    staging = streamer.staging
+    keep: set[str] = set()
+    tracked = []
+    for entry in await journal.entries("staged", "ready"):
+        have_snapshot = (staging / entry.tag).is_dir()
+        if entry.tag in remote and entry.state == "ready":
+            await journal.set_state(entry.tag, "committed")
+            log.info("recovered_committed", tag=entry.tag)
+        elif entry.state == "ready" and have_snapshot:
+            keep.add(entry.tag)
+            streamer.enqueue(entry.tag)
+            log.info("recovered_upload", tag=entry.tag)
+        elif entry.state == "staged" and (have_snapshot or entry.source.exists()):
+            keep.add(entry.tag)
+            tracked.append(entry.tag)
+            log.info("recovered_staged", tag=entry.tag)
+        else:
+            log.warning("recovered_lost", tag=entry.tag, state=entry.state)
+    if staging.is_dir():
+        for path in staging.iterdir():
+            if path.name not in keep:
+                await asyncio.to_thread(shutil.rmtree, path, True)
+                log.info("staging_orphan_removed", path=str(path))
+    return tracked
+
+
+async def resume_point(
+    storage: Storage, journal: Journal, output_dir: Path, config: CheckpointsConfig
+) -> Path | None:
+    """The newest committed checkpoint as a local directory the trainer can resume from,
+    restored from the store first when it is no longer on disk; None before the first."""
+    committed = await journal.entries("committed")
+    if not committed:
+        return None
+    entry = max(committed, key=lambda e: e.step)
+    path = output_dir / entry.tag
+    local = await asyncio.to_thread(local_checkpoints, output_dir, config)
+    if entry.tag not in local:
+        log.info("restore_starting", tag=entry.tag, step=entry.step, reason="resume point missing")
+        await asyncio.to_thread(shutil.rmtree, path, True)
+        await restore(storage, await find(storage, entry.tag), output_dir)
+    return path

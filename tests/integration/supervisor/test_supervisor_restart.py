@@ -1,0 +1,95 @@
+"""Failure modes of the vLLM stand-in: clean restart with backoff, nothing left behind, FATAL."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from tests.support.fake_vllm import command, free_port, pids_in, wait_gone
+
+from traind.config import VLLMConfig
+from traind.supervisor.process import State, become_subreaper
+from traind.supervisor.runner import ChildRunner, VLLMRunner
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _subreaper() -> None:
+    become_subreaper()
+
+
+def vllm_config(port: int, *flags: str, **restart: float) -> VLLMConfig:
+    return VLLMConfig.model_validate({
+        "command": command(port, "--load-seconds", "0.2", *flags),
+        "health": {"url": f"http://127.0.0.1:{port}/health", "interval": 0.05, "timeout": 0.2,
+                   "successes": 2, "failures": 2, "ready_timeout": 5},
+        "restart": {"backoff_initial": 0.1, "backoff_max": 0.2, "max_restarts": 5,
+                    "window": 60, "stable_after": 60, **restart},
+        "stop_grace": 1,
+        "release_timeout": 2,
+    })
+
+
+class Recorder:
+    """Collects state changes and the leader pid of every start that became RUNNING."""
+
+    def __init__(self) -> None:
+        self.states: list[State] = []
+        self.running_pids: list[int] = []
+
+    def __call__(self, runner: ChildRunner) -> None:
+        if not self.states or self.states[-1] is not runner.state:
+            self.states.append(runner.state)
+            if runner.state is State.RUNNING and runner.process.pid:
+                self.running_pids.append(runner.process.pid)
+
+
+@pytest.mark.parametrize(
+    ("flag", "reason"),
+    [
+        ("--crash-after", "exited"),
+        ("--exit0-after", "exited"),
+        ("--unhealthy-after", "unhealthy"),
+        ("--hang-after", "unhealthy"),
+    ],
+)
+async def test_failure_restarts_cleanly(tmp_path: Path, flag: str, reason: str) -> None:
+    """Crash, exit 0, 503 and a hang each lead to BACKOFF, a restart, and no survivors."""
+    port, pidfile = free_port(), tmp_path / "grandchildren"
+    rec = Recorder()
+    config = vllm_config(port, flag, "0.4", "--fork-grandchild", str(pidfile))
+    runner = VLLMRunner(config, log_dir=tmp_path, on_change=rec, jitter=lambda: 0.5)
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner.run())
+        async with asyncio.timeout(20):
+            await runner.wait_ready(after_starts=1)
+            first, grandchild = rec.running_pids[0], pids_in(pidfile)[0]
+            assert await wait_gone([first, grandchild]) == []
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await wait_gone([*rec.running_pids, *pids_in(pidfile)]) == []
+    until_backoff = rec.states[: rec.states.index(State.BACKOFF)]
+    stopped = [State.STOPPING] if reason == "unhealthy" else []
+    assert until_backoff == [State.STARTING, State.RUNNING, *stopped, State.EXITED]
+    backoff = next(e for e in logs if e["event"] == "child_backoff")
+    assert backoff["delay"] == 0.1
+    assert backoff["reason"] == reason
+    assert runner.outcome == "stopped"
+    assert rec.states[-1] is State.EXITED
+
+
+async def test_crash_loop_ends_fatal(tmp_path: Path) -> None:
+    """A child that keeps crashing is FATAL after max_restarts restarts inside the window."""
+    port, pidfile = free_port(), tmp_path / "grandchildren"
+    config = vllm_config(port, "--crash-after", "0", "--fork-grandchild", str(pidfile),
+                         max_restarts=2, backoff_initial=0.05)
+    runner = VLLMRunner(config, log_dir=tmp_path, jitter=lambda: 0.5)
+    async with asyncio.timeout(20):
+        assert await runner.run() == "fatal"
+        assert await wait_gone(pids_in(pidfile)) == []
+    assert runner.state is State.FATAL
+    assert (runner.starts, runner.restarts) == (3, 2)
+    assert len(pids_in(pidfile)) == 3
+
