@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 
 import structlog
@@ -18,9 +19,12 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import Watcher
-from traind.config import Settings
+from traind.config import Settings, StatusConfig
 from traind.errors import ConfigError, TraindError
+from traind.observe import Observer
 from traind.reload import plan_reload
+from traind.status.model import RecentErrors
+from traind.status.server import StatusServer
 from traind.storage.base import Storage
 from traind.storage.factory import open_storage
 from traind.supervisor.process import become_subreaper
@@ -33,7 +37,11 @@ class Daemon:
     """Supervises the run's processes and streams every complete checkpoint to storage."""
 
     def __init__(
-        self, settings: Settings, storage: Storage | None = None, config_path: Path | None = None
+        self,
+        settings: Settings,
+        storage: Storage | None = None,
+        config_path: Path | None = None,
+        recent: RecentErrors | None = None,
     ) -> None:
         self.settings = settings
         self.config_path = config_path
@@ -45,14 +53,45 @@ class Daemon:
             settings.run.name, state_dir, self.storage, self.journal, self._committed
         )
         self.supervisor: Supervisor | None = None
+        self.watcher: Watcher | None = None
+        self.observer = Observer(
+            settings.run.name,
+            self.streamer,
+            lambda: self.storage.describe,
+            lambda: self.watcher.tracking if self.watcher else 0,
+            recent,
+        )
+        self._server: StatusServer | None = None
         self._prune_now = asyncio.Event()
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
-        """Run until ``stop`` is set, re-reading the config whenever ``reload`` is set."""
+        """Run until ``stop`` is set, re-reading the config whenever ``reload`` is set.
+
+        systemd hears READY=1 as soon as the loop is up — a restore or a loading vLLM can take
+        many minutes and must not hit the start timeout — and watchdog pings from then on.
+        """
+        notifier = self.observer.notifier
+        notifier.ready()
         try:
-            watcher = await self.startup()
-            await self.main_loop(watcher, stop, reload or asyncio.Event())
+            async with asyncio.TaskGroup() as tg:
+                watchdog = tg.create_task(notifier.watchdog_loop(), name="watchdog")
+                await self._serve_status(self.settings.status)
+                self.observer.announce()
+                starting = tg.create_task(self.startup(), name="startup")
+                stopping = tg.create_task(stop.wait(), name="stop-during-startup")
+                await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if stop.is_set():
+                    starting.cancel()
+                    log.info("daemon_stopping", during="startup")
+                else:
+                    self.watcher = starting.result()
+                    self.observer.set_state("running")
+                    await self.main_loop(self.watcher, stop, reload or asyncio.Event())
+                watchdog.cancel()
         finally:
+            notifier.stopping()
+            await self._serve_status(None)
             await self.storage.aclose()
             self.journal.close()
             log.info("daemon_stopped")
@@ -68,6 +107,7 @@ class Daemon:
             backend=self.storage.describe,
         )
         manifests = await self.storage.manifests()
+        self.observer.known(manifests)
         await recovery.restore_if_fresh(
             self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
         )
@@ -82,7 +122,9 @@ class Daemon:
                 services=s.services,
                 trainer=s.trainer,
                 resume_from=self._resume_point,
+                on_change=self.observer.child_changed,
             )
+            self.observer.supervisor = self.supervisor
         return Watcher(
             s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked
         )
@@ -103,6 +145,8 @@ class Daemon:
             streaming = tg.create_task(self.streamer.run(), name="streamer")
             await stop.wait()
             log.info("daemon_stopping")
+            self.observer.notifier.stopping()
+            self.observer.set_state("stopping")
             if self.supervisor is not None:
                 await self.supervisor.stop()
             for task in [*background, watching]:
@@ -148,22 +192,27 @@ class Daemon:
         )
 
     async def _committed(self, manifest: Manifest) -> None:
+        self.observer.committed(manifest)
         self._prune_now.set()
 
     async def _retention_loop(self) -> None:
         """Prune after each commit and every ``retention.interval`` (re-read on reload)."""
         while True:
+            interval = self.settings.retention.interval
+            self.observer.next_prune = time.time() + interval
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.retention.interval):
+                async with asyncio.timeout(interval):
                     await self._prune_now.wait()
             self._prune_now.clear()
             s = self.settings
             try:
-                await pruner.prune(
+                plan = await pruner.prune(
                     self.storage, self.journal, s.retention, s.run.output_dir, s.checkpoints.pattern
                 )
             except Exception as exc:  # a failed prune must never stop the daemon
                 log.error("prune_failed", error=str(exc))
+            else:
+                self.observer.pruned([v.tag for v in plan.remote if not v.keep])
 
     async def _reload_loop(self, reload: asyncio.Event) -> None:
         while True:
@@ -181,12 +230,27 @@ class Daemon:
         if path is None:
             log.warning("reload_ignored", reason="daemon was not started from a config file")
             return
+        self.observer.notifier.reloading()
+        try:
+            await self._apply(path)
+        finally:
+            self.observer.notifier.ready()
+            self.observer.announce()
+
+    async def _apply(self, path: Path) -> None:
         try:
             new = await asyncio.to_thread(config.load, path)
         except ConfigError as exc:
             log.error("reload_rejected", config=str(path), problems=exc.problems)
             return
         plan = plan_reload(self.settings, new)
+        if "status" in plan.applied:
+            try:
+                await self._serve_status(new.status)
+            except TraindError as exc:
+                log.error("reload_rejected", config=str(path), problems=[f"status: {exc}"])
+                await self._serve_status(self.settings.status)
+                return
         if "storage" in plan.applied:
             storage = open_storage(new.storage, new.run.name)
             try:
@@ -211,3 +275,13 @@ class Daemon:
                 sections=list(plan.needs_restart),
                 hint="systemctl restart traind",
             )
+
+    async def _serve_status(self, status: StatusConfig | None) -> None:
+        """(Re)start the status server for ``status``, or stop it when None or disabled."""
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+        if status is not None and status.enabled:
+            server = StatusServer(status.listen, self.observer.snapshot, self.observer.metrics)
+            await server.start()
+            self._server = server

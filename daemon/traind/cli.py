@@ -22,13 +22,15 @@ log = structlog.get_logger("traind.cli")
 EXAMPLES = {
     "run": "example:\n  traind run -c /etc/traind/traind.toml",
     "check-config": "example:\n  traind check-config -c config/local.toml\n"
-                    "  traind check-config -c config/s3.toml --offline   # skip the store probe",
+    "  traind check-config -c config/s3.toml --offline   # skip the store probe",
     "list": "example:\n  traind list -c /etc/traind/traind.toml\n  traind list --json | jq '.[0]'",
     "pull": "examples:\n  traind pull latest ./restore            # → ./restore/checkpoint-N\n"
-            "  traind pull checkpoint-400 /data/out",
+    "  traind pull checkpoint-400 /data/out",
     "push": "example:\n  traind push /data/out/checkpoint-400",
     "prune": "examples:\n  traind prune --dry-run                  # show what would go, and why\n"
-             "  traind prune",
+    "  traind prune",
+    "status": "examples:\n  traind status\n  traind status --watch        # redraw every 2 s\n"
+    "  traind status --json | jq .upload",
 }
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -45,15 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "-c", "--config", metavar="PATH",
+        "-c",
+        "--config",
+        metavar="PATH",
         help=f"config file (default: $TRAIND_CONFIG or {config.DEFAULT_CONFIG})",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, summary: str) -> argparse.ArgumentParser:
         return sub.add_parser(
-            name, parents=[common], help=summary, description=summary,
-            epilog=EXAMPLES[name], formatter_class=argparse.RawDescriptionHelpFormatter,
+            name,
+            parents=[common],
+            help=summary,
+            description=summary,
+            epilog=EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
     add("run", "Run the daemon: restore on a fresh host, then watch, stream and prune.")
@@ -69,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--tag", help="tag to store it under (default: the directory name)")
     prune = add("prune", "Apply the retention policy to the store and to output_dir now.")
     prune.add_argument("--dry-run", action="store_true", help="show what would go, and why")
+    status = add("status", "Show the running daemon: children, queue, upload, checkpoints, errors.")
+    status.add_argument("--json", action="store_true", help="print the raw JSON document")
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
     return parser
 
 
@@ -96,16 +114,26 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 async def _run(args: argparse.Namespace) -> int:
     from traind.app import Daemon
+    from traind.status.model import RecentErrors
 
     path = config.config_path(args.config)
     settings = config.load(path)
+    recent = RecentErrors()
+    logs.configure(sys.stdout, processors=[recent.processor])
     stop, reload = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
-    await Daemon(settings, config_path=path).run(stop, reload)
+    await Daemon(settings, config_path=path, recent=recent).run(stop, reload)
     return 0
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from traind.status.client import status_command
+
+    settings = _settings(args)
+    return await status_command(settings.status.listen, args.json, args.watch)
 
 
 async def _check_config(args: argparse.Namespace) -> int:
@@ -136,8 +164,15 @@ async def _list(args: argparse.Namespace) -> int:
         await storage.aclose()
     if args.json:
         rows = [
-            {"tag": m.tag, "step": m.step, "files": len(m.files), "bytes": m.total_bytes,
-             "created_at": m.created_at, "host": m.host, "global_step": m.trainer.global_step}
+            {
+                "tag": m.tag,
+                "step": m.step,
+                "files": len(m.files),
+                "bytes": m.total_bytes,
+                "created_at": m.created_at,
+                "host": m.host,
+                "global_step": m.trainer.global_step,
+            }
             for m in manifests
         ]
         print(json.dumps(rows, indent=2))
@@ -146,8 +181,14 @@ async def _list(args: argparse.Namespace) -> int:
 
     now = time.time()
     table = [("TAG", "STEP", "FILES", "SIZE", "AGE", "HOST")] + [
-        (m.tag, str(m.step), str(len(m.files)), format_size(m.total_bytes),
-         _age(now - m.created_at), m.host)
+        (
+            m.tag,
+            str(m.step),
+            str(len(m.files)),
+            format_size(m.total_bytes),
+            _age(now - m.created_at),
+            m.host,
+        )
         for m in manifests
     ]
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
@@ -201,8 +242,13 @@ async def _prune(args: argparse.Namespace) -> int:
     journal = Journal.in_state_dir(settings.run.state_dir)
     act = pruner.plan if args.dry_run else pruner.prune
     try:
-        result = await act(storage, journal, settings.retention, settings.run.output_dir,
-                           settings.checkpoints.pattern)
+        result = await act(
+            storage,
+            journal,
+            settings.retention,
+            settings.run.output_dir,
+            settings.checkpoints.pattern,
+        )
     finally:
         await storage.aclose()
         journal.close()
@@ -220,4 +266,5 @@ _HANDLERS: dict[str, Handler] = {
     "pull": _pull,
     "push": _push,
     "prune": _prune,
+    "status": _status,
 }

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 import structlog
 
 
 def configure(
-    stream: TextIO | None = None, *, json: bool | None = None, level: str = "info"
+    stream: TextIO | None = None,
+    *,
+    json: bool | None = None,
+    level: str = "info",
+    processors: Sequence[structlog.typing.Processor] = (),
 ) -> None:
-    """Configure structlog once for the process.
+    """Configure structlog for the process.
 
-    ``stream`` defaults to stdout (the daemon's journal); ``json`` defaults to "not a TTY".
+    ``stream`` defaults to stdout (the daemon's journal); ``json`` defaults to "not a TTY";
+    ``processors`` run just before rendering (e.g. to keep recent errors for ``/status``).
     """
     out = stream or sys.stdout
     as_json = not out.isatty() if json is None else json
@@ -29,6 +35,7 @@ def configure(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            *processors,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(

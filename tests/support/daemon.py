@@ -14,13 +14,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.support.fake_vllm import free_port
+
 Event = dict[str, Any]
 
 
 def write_config(
-    path: Path, *, run: str, output_dir: Path, state_dir: Path, storage: str, extra: str = ""
+    path: Path,
+    *,
+    run: str,
+    output_dir: Path,
+    state_dir: Path,
+    storage: str,
+    extra: str = "",
+    status_port: int | None = None,
 ) -> Path:
-    """Write a traind TOML config with short timings suitable for tests."""
+    """Write a traind TOML config with short timings suitable for tests (the status
+    server on a free loopback port unless ``status_port`` is given)."""
+    port = status_port or free_port()
     path.write_text(
         f"""
 [run]
@@ -40,6 +51,9 @@ poll_interval = "200ms"
 keep_last = 100
 keep_local = 100
 interval = "1h"
+
+[status]
+listen = "127.0.0.1:{port}"
 
 {extra}
 """

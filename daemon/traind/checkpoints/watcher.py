@@ -77,6 +77,11 @@ class Watcher:
         self._tracked: dict[str, Tracked] = {t: Tracked(frozenset(), start) for t in tracked}
         self.scans = 0
 
+    @property
+    def tracking(self) -> int:
+        """How many candidates are snapshot but not yet complete."""
+        return len(self._tracked)
+
     async def run(self) -> None:
         """Scan on every wake-up until cancelled."""
         self._dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,106 @@
+"""What the daemon tells the outside world: sd_notify, metrics, and the /status document.
+
+``Observer`` gathers the facts (state, children, uploads, commits, errors) from the daemon's
+parts and keeps systemd's one-line STATUS and the Prometheus metrics current.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.streamer import Streamer
+from traind.status import model
+from traind.status.metrics import Metrics
+from traind.status.render import one_line
+from traind.supervisor.runner import ChildStatus, Supervisor
+from traind.systemd import Notifier
+
+
+class Observer:
+    """Builds ``/status`` snapshots and pushes state changes to systemd and metrics."""
+
+    def __init__(
+        self,
+        run: str,
+        streamer: Streamer,
+        backend: Callable[[], str],
+        tracked: Callable[[], int],
+        recent: model.RecentErrors | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.run = run
+        self.state: model.DaemonState = "starting"
+        self.started = time.time()
+        self.metrics = Metrics()
+        self.notifier = notifier or Notifier()
+        self.recent = recent or model.RecentErrors()
+        self.supervisor: Supervisor | None = None
+        self.next_prune: float | None = None
+        self._streamer = streamer
+        self._backend = backend
+        self._tracked = tracked
+        self._committed: dict[str, model.CommittedInfo] = {}
+        self._restarts: dict[str, int] = {}
+        self.metrics.set_queue_depth(lambda: streamer.queued)
+
+    def snapshot(self) -> model.StatusSnapshot:
+        """The whole ``/status`` document, now."""
+        children = self.supervisor.status() if self.supervisor else []
+        return model.snapshot(
+            run=self.run,
+            state=self.state,
+            started=self.started,
+            backend=self._backend(),
+            children=[model.child_info(c) for c in children],
+            queued=self._streamer.queued,
+            tracked=self._tracked(),
+            upload=model.upload_info(self._streamer.current),
+            committed=self._committed.values(),
+            next_prune=self.next_prune,
+            errors=self.recent.items(),
+        )
+
+    def announce(self) -> None:
+        """Send systemd the one-line summary of the current state."""
+        self.notifier.status(one_line(self.snapshot()))
+
+    def set_state(self, state: model.DaemonState) -> None:
+        """The daemon moved to ``state``."""
+        self.state = state
+        self.announce()
+
+    def known(self, manifests: list[Manifest]) -> None:
+        """Replace the list of committed checkpoints with what the store holds."""
+        self._committed = {m.tag: _info(m) for m in manifests}
+        if manifests:
+            latest = max(manifests, key=lambda m: m.step)
+            self.metrics.last_commit(latest.step, latest.created_at)
+
+    def committed(self, manifest: Manifest) -> None:
+        """A checkpoint was just committed by this daemon."""
+        self._committed[manifest.tag] = _info(manifest)
+        current = self._streamer.current
+        sent, seconds = (
+            (current[1].done, time.monotonic() - current[1].started) if current else (0, 0.0)
+        )
+        self.metrics.uploaded(sent)
+        self.metrics.committed(manifest.step, manifest.total_bytes, seconds)
+        self.announce()
+
+    def pruned(self, tags: list[str]) -> None:
+        """Retention removed these checkpoints from the store."""
+        for tag in tags:
+            self._committed.pop(tag, None)
+
+    def child_changed(self, child: ChildStatus) -> None:
+        """A supervised child changed state."""
+        if child.restarts > self._restarts.get(child.name, 0):
+            self.metrics.restarted(child.name)
+        self._restarts[child.name] = child.restarts
+        self.announce()
+
+
+def _info(m: Manifest) -> model.CommittedInfo:
+    return model.committed_info(m.tag, m.step, m.total_bytes, m.created_at)

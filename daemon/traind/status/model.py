@@ -1,0 +1,182 @@
+"""The JSON document ``/status`` serves, and builders that make it from plain values.
+
+Times are Unix seconds (``committed_at``, ``next_prune``, ``errors[].time``); durations are
+seconds (``uptime``, ``eta``); sizes are bytes; ``rate`` is bytes per second.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Iterable, MutableMapping
+from typing import Any, Literal, Protocol, TypedDict
+
+from traind.progress import Progress
+
+DaemonState = Literal["starting", "running", "stopping"]
+
+
+class ChildInfo(TypedDict):
+    """A supervised child: supervisord's state name, its pid while it runs, its last exit."""
+
+    name: str
+    state: str
+    pid: int | None
+    uptime: float
+    restarts: int
+    last_exit: int | None
+
+
+class WatcherInfo(TypedDict):
+    """Checkpoints complete and waiting for upload (``queued``), and ones still being
+    written that the watcher follows (``tracked``)."""
+
+    queued: int
+    tracked: int
+
+
+class UploadInfo(TypedDict):
+    """The checkpoint being uploaded now; ``eta`` is None until a rate is known."""
+
+    tag: str
+    bytes_done: int
+    bytes_total: int
+    rate: float
+    eta: float | None
+
+
+class CommittedInfo(TypedDict):
+    """A checkpoint safely in the store."""
+
+    tag: str
+    step: int
+    bytes: int
+    committed_at: float
+
+
+class ErrorInfo(TypedDict):
+    """A recent error: when, the log event, and its fields as one line."""
+
+    time: float
+    event: str
+    message: str
+
+
+class StatusSnapshot(TypedDict):
+    """The whole ``/status`` document."""
+
+    run: str
+    state: DaemonState
+    pid: int
+    uptime: float
+    backend: str
+    children: list[ChildInfo]
+    watcher: WatcherInfo
+    upload: UploadInfo | None
+    committed: list[CommittedInfo]
+    next_prune: float | None
+    errors: list[ErrorInfo]
+
+
+class ChildLike(Protocol):
+    """What ``child_info`` reads: the fields of ``supervisor.runner.ChildStatus``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def since(self) -> float: ...
+
+
+def child_info(child: ChildLike, now: float | None = None) -> ChildInfo:
+    """A child's entry from its runner status (``since`` is the Unix time of its last state
+    change, so uptime counts only while it runs)."""
+    now = time.time() if now is None else now
+    running = child.state == "RUNNING"
+    return ChildInfo(
+        name=child.name, state=child.state, pid=child.pid,
+        uptime=max(0.0, now - child.since) if running else 0.0,
+        restarts=child.restarts, last_exit=child.returncode,
+    )
+
+
+def upload_info(current: tuple[str, Progress] | None) -> UploadInfo | None:
+    """The upload entry from the streamer's ``current`` (tag, progress), or None when idle."""
+    if current is None:
+        return None
+    tag, progress = current
+    return UploadInfo(
+        tag=tag, bytes_done=progress.done, bytes_total=progress.total,
+        rate=progress.rate, eta=progress.eta,
+    )
+
+
+def committed_info(tag: str, step: int, nbytes: int, committed_at: float) -> CommittedInfo:
+    """A committed checkpoint's entry."""
+    return CommittedInfo(tag=tag, step=step, bytes=nbytes, committed_at=committed_at)
+
+
+def snapshot(
+    *,
+    run: str,
+    state: DaemonState,
+    started: float,
+    backend: str,
+    children: Iterable[ChildInfo] = (),
+    queued: int = 0,
+    tracked: int = 0,
+    upload: UploadInfo | None = None,
+    committed: Iterable[CommittedInfo] = (),
+    next_prune: float | None = None,
+    errors: Iterable[ErrorInfo] = (),
+    now: float | None = None,
+) -> StatusSnapshot:
+    """The whole document; ``started`` is the daemon's start as a Unix time."""
+    now = time.time() if now is None else now
+    return StatusSnapshot(
+        run=run, state=state, pid=os.getpid(), uptime=max(0.0, now - started),
+        backend=backend, children=list(children),
+        watcher=WatcherInfo(queued=queued, tracked=tracked), upload=upload,
+        committed=sorted(committed, key=lambda c: c["step"]),
+        next_prune=next_prune, errors=list(errors),
+    )
+
+
+class RecentErrors:
+    """The last ``size`` error log events, kept for ``/status``.
+
+    Add ``recent.processor`` to structlog's processors (before the renderer) and every
+    ``log.error(...)`` lands here as well as in the journal.
+    """
+
+    def __init__(self, size: int = 20) -> None:
+        self._items: deque[ErrorInfo] = deque(maxlen=size)
+
+    def add(self, event: str, message: str, at: float | None = None) -> None:
+        """Remember one error."""
+        self._items.append(ErrorInfo(time=time.time() if at is None else at, event=event,
+                                     message=message))
+
+    def items(self) -> list[ErrorInfo]:
+        """Oldest first."""
+        return list(self._items)
+
+    def processor(
+        self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        """A structlog processor recording ``error`` and ``critical`` events."""
+        if method in ("error", "critical", "exception"):
+            fields = " ".join(
+                f"{k}={v}" for k, v in event_dict.items()
+                if k not in ("event", "timestamp", "level", "exc_info")
+            )
+            self.add(str(event_dict.get("event", "")), fields)
+        return event_dict
