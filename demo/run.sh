@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One-command demo: a tiny real TRL training run on the CPU whose checkpoints traind streams
-# to a local store, then lists. Installs what it needs (CPU torch first, then traind[train]).
+# One-command demo: traind starts a tiny real TRL training run on the CPU, streams each of its
+# checkpoints to a local store as it is written, exits when training is done and everything
+# is committed, and then lists the store. Installs what it needs (CPU torch first).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 work="${DEMO_DIR:-$here/demo-run}"
+python="${PYTHON:-python3}"
 
-python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e "$here[train]"
+"$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore torch==2.13.0
+"$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e "$here[train]"
 
 rm -rf "$work" && mkdir -p "$work"
 cat > "$work/traind.toml" <<TOML
@@ -23,29 +25,29 @@ type = "local"
 path = "$work/store"
 
 [retention]
-keep_last = 3
+keep_last = 3          # the store keeps the newest 3 ...
+keep_every_steps = 4   # ... plus every 4th step
 keep_local = 2
+
+[status]
+listen = "127.0.0.1:0" # any free port (the demo does not query it)
+
+[trainer]              # traind starts the trainer, restarts it on failure, resumes it
+command = ["$python", "$here/tests/support/tiny_train.py", "--output-dir", "$work/out",
+           "--max-steps", "8", "--save-steps", "1", "--save-total-limit", "2",
+           "--callback", "--resume"]
+env = { HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
 TOML
 
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-echo "== traind run (logs in $work/traind.log)"
-traind run -c "$work/traind.toml" > "$work/traind.log" 2>&1 &
-daemon=$!
-trap 'kill $daemon 2>/dev/null || true' EXIT
+echo "== traind run: starts the trainer and streams its checkpoints (log: $work/traind.log)"
+traind run -c "$work/traind.toml" > "$work/traind.log" 2>&1
 
-echo "== training: 8 steps, a checkpoint every step, the trainer keeps 2"
-python "$here/tests/support/tiny_train.py" --output-dir "$work/out" --max-steps 8 \
-    --save-steps 1 --save-total-limit 2 --callback
-
-sleep 3   # let the last checkpoint settle and commit
-kill -TERM $daemon && wait $daemon || true
-trap - EXIT
-
-echo "== committed checkpoints (traind list)"
-traind list -c "$work/traind.toml"
 echo "== commit events"
-grep -h '"checkpoint_committed"' "$work/traind.log" | python -c '
+grep -h '"checkpoint_committed"' "$work/traind.log" | "$python" -c '
 import json, sys
 for line in sys.stdin:
     e = json.loads(line)
-    print(f"  {e[\"tag\"]:14} {e[\"files\"]} files  {e[\"bytes\"]:>9} bytes  {e[\"seconds\"]}s")'
+    tag, files, size, secs = e["tag"], e["files"], e["bytes"], e["seconds"]
+    print(f"  {tag:14} {files:>2} files {size:>9} bytes  {secs:.3f}s")'
+echo "== committed checkpoints now in the store (traind list; retention pruned the rest)"
+traind list -c "$work/traind.toml"
