@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from traind.errors import ConfigError
+from traind.status.address import parse_listen
 from traind.storage.keys import check_component
 from traind.units import Duration, Size
 
@@ -144,6 +145,12 @@ class StatusConfig(Section):
 
     listen: str = "127.0.0.1:9750"
     enabled: bool = True
+
+    @field_validator("listen")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        parse_listen(v)
+        return v
 
 
 class HealthConfig(Section):

@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -18,6 +16,7 @@ import structlog
 from aiohttp import web
 
 from traind.errors import TraindError
+from traind.status.address import TCPAddress, UnixAddress, parse_listen
 from traind.status.metrics import CONTENT_TYPE, Metrics
 
 log = structlog.get_logger("traind.status")
@@ -25,41 +24,6 @@ log = structlog.get_logger("traind.status")
 DEFAULT_LISTEN = "127.0.0.1:9750"
 
 Snapshot = Callable[[], Mapping[str, Any]]
-
-
-@dataclass(frozen=True)
-class TCPAddress:
-    """``host:port`` (``[::1]:9750`` for IPv6)."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class UnixAddress:
-    """``unix:/path/to.sock``."""
-
-    path: Path
-
-    def __str__(self) -> str:
-        return f"unix:{self.path}"
-
-
-def parse_listen(listen: str) -> TCPAddress | UnixAddress:
-    """Parse a ``listen`` string; ValueError says what is wrong with a bad one."""
-    if listen.startswith("unix:"):
-        path = listen.removeprefix("unix:")
-        if not path.startswith("/"):
-            raise ValueError(f"{listen!r}: a unix socket needs an absolute path, unix:/path")
-        return UnixAddress(Path(path))
-    host, sep, port = listen.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{listen!r}: write host:port (127.0.0.1:9750) or unix:/path/to.sock")
-    return TCPAddress(host, int(port))
 
 
 class StatusServer:

@@ -17,10 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from traind.errors import TraindError
 from traind.status import model
+from traind.status.address import TCPAddress, UnixAddress, parse_listen
 from traind.status.client import NOT_RUNNING, status_command
 from traind.status.metrics import Metrics
 from traind.status.render import duration, one_line, render
-from traind.status.server import StatusServer, TCPAddress, UnixAddress, parse_listen
+from traind.status.server import StatusServer
 
 GiB = 1024**3
 NOW = 1_700_000_000.0
