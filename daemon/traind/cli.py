@@ -16,6 +16,8 @@ import structlog
 
 from traind import config, logs
 from traind.errors import ConfigError, TraindError
+from traind.launch.cli import add_launch_parser
+from traind.launch.cli import handle as _launch
 
 log = structlog.get_logger("traind.cli")
 
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
+    add_launch_parser(sub)
     return parser
 
 
@@ -267,4 +270,5 @@ _HANDLERS: dict[str, Handler] = {
     "push": _push,
     "prune": _prune,
     "status": _status,
+    "launch": _launch,
 }

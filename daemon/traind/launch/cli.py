@@ -1,0 +1,198 @@
+"""``traind launch``: the command line of launching, following and tearing down runs.
+
+``traind launch -c launch.toml`` brings a run up and follows it (Ctrl-C detaches; the run goes
+on); ``traind launch list|status|logs|pull|down NAME`` manage it later, from any shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from traind import logs as logging_setup
+from traind.errors import ConfigError, TraindError
+from traind.launch import config as launch_config
+from traind.launch import flow, manage
+from traind.launch.handles import LaunchRecord, LaunchStore
+from traind.launch.registry import open_backend
+
+log = structlog.get_logger("traind.launch")
+
+EPILOG = """examples:
+  traind launch -c launch.toml              # search, provision, install, start, follow
+  traind launch -c launch.toml --detach     # ... and return once traind runs
+  traind launch list
+  traind launch status grpo-qwen
+  traind launch logs grpo-qwen -f           # Ctrl-C stops following, not the run
+  traind launch pull grpo-qwen              # newest committed checkpoint → ./checkpoints/
+  traind launch down grpo-qwen              # pull newest, stop traind, destroy the host
+  traind launch down grpo-qwen --no-pull    # destroy without pulling"""
+
+
+def add_launch_parser(subparsers: Any) -> None:
+    """Add ``launch`` (with its actions) to the ``traind`` subcommand parsers."""
+    summary = "Rent or reach a GPU host, run traind there, bring checkpoints back, tear down."
+    launch = subparsers.add_parser(
+        "launch", help=summary, description=summary, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    config_help = "launch.toml (default ./launch.toml; for actions, the one saved at launch)"
+    launch.add_argument("-c", "--config", metavar="PATH", help=config_help)
+    launch.add_argument("--name", help="launch name (default: name in launch.toml)")
+    launch.add_argument("--detach", action="store_true", help="return once traind runs")
+    actions = launch.add_subparsers(dest="launch_action", metavar="ACTION")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-c", "--config", metavar="PATH", help=config_help,
+                        default=argparse.SUPPRESS)  # keeps a -c given before the action
+    actions.add_parser("list", help="list saved launches")
+    status = actions.add_parser("status", parents=[common], help="host state, traind, last commit")
+    status.add_argument("name", metavar="NAME")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    logs = actions.add_parser("logs", parents=[common], help="print traind's log on the host")
+    logs.add_argument("name", metavar="NAME")
+    logs.add_argument("-n", "--lines", type=int, default=100, help="lines of history (100)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep following (Ctrl-C stops)")
+    pull = actions.add_parser("pull", parents=[common], help="copy a committed checkpoint here")
+    pull.add_argument("name", metavar="NAME")
+    pull.add_argument("tag", metavar="TAG", nargs="?", default="latest", help="(default latest)")
+    pull.add_argument("--dir", type=Path, help="parent directory (default [pull] dir/NAME)")
+    down = actions.add_parser("down", parents=[common], help="pull newest, stop, destroy")
+    down.add_argument("name", metavar="NAME")
+    down.add_argument("--no-pull", action="store_true", help="do not pull the newest checkpoint")
+
+
+async def handle(args: argparse.Namespace) -> int:
+    """Run the ``launch`` command ``args`` describes; return the exit status."""
+    action = getattr(args, "launch_action", None)
+    if action is None:
+        return await _up(args)
+    store = LaunchStore()
+    if action == "list":
+        return _list(store)
+    record = store.load(args.name)
+    ctx = _context(args.config or record.config_path, store)
+    if action == "status":
+        facts = await manage.status(ctx, record)
+        print(json.dumps(facts, indent=2) if args.json else _table(facts))
+    elif action == "logs":
+        detach = _detach_on_sigint()
+        await manage.logs(ctx, record, args.lines, args.follow, detach, _print)
+    elif action == "pull":
+        print(await manage.pull(ctx, record, args.tag, args.dir))
+    elif action == "down":
+        pulled = await manage.down(ctx, record, pull_first=not args.no_pull)
+        print(f"{record.name}: down" + (f"; newest checkpoint in {pulled}" if pulled else ""))
+    return 0
+
+
+def _context(path: str | Path, store: LaunchStore) -> flow.Context:
+    cfg = launch_config.load(Path(path))
+    return flow.Context(cfg, open_backend(cfg, store), store)
+
+
+async def _up(args: argparse.Namespace) -> int:
+    path = Path(args.config or "launch.toml")
+    store = LaunchStore()
+    ctx = _context(path, store)
+    name = args.name or ctx.config.name
+    task = asyncio.current_task()
+    assert task is not None
+    detach = asyncio.Event()
+    phase = "setup"
+
+    def on_sigint() -> None:
+        nonlocal phase
+        if phase == "follow":
+            detach.set()
+        elif phase == "setup":
+            phase = "aborting"
+            log.warning("launch_aborting", launch=name)
+            task.cancel()
+        else:
+            log.warning("launch_busy_please_wait", launch=name, phase=phase)
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        try:
+            record = await flow.launch(ctx, path, name)
+        except asyncio.CancelledError:
+            _say_what_is_left(store, name)
+            return 130
+        except TraindError:
+            _say_what_is_left(store, name)
+            raise
+        if args.detach:
+            print(f"{name}: traind runs on {record.handle.instance_id}; "
+                  f"traind launch logs {name} -f | status {name} | down {name}")
+            return 0
+        phase = "follow"
+        outcome = await flow.follow(ctx, record, detach, _print)
+        print(f"{name}: {outcome}", file=sys.stderr)
+        if outcome == "finished" and ctx.config.host.on_finish == "down":
+            phase = "down"
+            await manage.down(ctx, record)
+        return 0
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def _say_what_is_left(store: LaunchStore, name: str) -> None:
+    if store.exists(name):
+        record = store.load(name)
+        print(f"traind: launch {name} failed; its host {record.handle.backend}:"
+              f"{record.handle.instance_id} may still be running (and billing). Remove it with:\n"
+              f"  traind launch down {name} --no-pull", file=sys.stderr)
+
+
+def _detach_on_sigint() -> asyncio.Event:
+    detach = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, detach.set)
+    return detach
+
+
+def _list(store: LaunchStore) -> int:
+    records: list[LaunchRecord] = [store.load(n) for n in store.names()]
+    for r in records:
+        print(f"{r.name:24} {r.handle.backend:6} {r.handle.instance_id:20} {r.remote_root}")
+    if not records:
+        print(f"(no launches saved in {store.root})")
+    return 0
+
+
+def _table(facts: dict[str, Any]) -> str:
+    return "\n".join(f"{k:15} {'-' if v is None or v == '' else v}" for k, v in facts.items())
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m traind.launch.cli launch ...``: the same as ``traind launch ...``."""
+    parser = argparse.ArgumentParser(prog="traind")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_launch_parser(sub)
+    args = parser.parse_args(argv)
+    logging_setup.configure(sys.stderr)
+    try:
+        return asyncio.run(handle(args))
+    except ConfigError as exc:
+        print(f"traind: invalid configuration {exc}", file=sys.stderr)
+        return 2
+    except TraindError as exc:
+        print(f"traind: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

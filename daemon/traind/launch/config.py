@@ -1,0 +1,219 @@
+"""``launch.toml``: which backend, what host, what to run there. Frozen models, loaded once.
+
+Relative local paths (code_dir, traind_config, ssh_key, pull.dir, a host's identity_file and
+known_hosts) are resolved against the directory of the launch.toml that names them, so a
+saved launch keeps working from any directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from traind.config import Section
+from traind.errors import ConfigError
+from traind.launch.base import Constraints
+from traind.storage.keys import check_component
+from traind.units import Duration
+
+DEFAULT_REQUIREMENTS = (
+    "pydantic>=2.7", "pydantic-settings>=2.4", "structlog>=24.1", "watchfiles>=0.21",
+    "aiohttp>=3.9",
+)
+"""What traind needs on the host (its own code is shipped, not installed from an index)."""
+
+
+def _local_path(value: Path, info: ValidationInfo) -> Path:
+    base = (info.context or {}).get("base") or Path.cwd()
+    return (Path(base) / value.expanduser()).resolve()
+
+
+LocalPath = Annotated[Path, AfterValidator(_local_path)]
+
+
+class ConstraintsSection(Section):
+    """``[constraints]``: what the host must offer (see launch/ranking.py for the matching)."""
+
+    gpu: tuple[str, ...] = ()
+    num_gpus: int = Field(default=1, ge=0)
+    min_gpu_ram_gb: float = Field(default=0.0, ge=0)
+    min_disk_gb: float = Field(default=0.0, ge=0)
+    min_download_mbps: float = Field(default=0.0, ge=0)
+    min_reliability: float = Field(default=0.0, ge=0, le=1)
+    duration: Duration = 0.0
+    max_price_per_hour: float | None = Field(default=None, ge=0)
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: object) -> object:
+        return (v,) if isinstance(v, str) else v
+
+    def to_constraints(self) -> Constraints:
+        """The backend-neutral value."""
+        return Constraints(
+            gpu=self.gpu, num_gpus=self.num_gpus, min_gpu_ram_gb=self.min_gpu_ram_gb,
+            min_disk_gb=self.min_disk_gb, min_download_mbps=self.min_download_mbps,
+            min_reliability=self.min_reliability, duration_hours=self.duration / 3600,
+            max_price_per_hour=self.max_price_per_hour,
+        )
+
+
+class RunSection(Section):
+    """``[run]``: the code and the traind config to put on the host, and where."""
+
+    code_dir: LocalPath
+    traind_config: LocalPath
+    remote_dir: str = "traind-launch"
+    excludes: tuple[str, ...] = (".git", "__pycache__", "*.pyc", ".venv", ".mypy_cache")
+    includes: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("remote_dir")
+    @classmethod
+    def _usable(cls, v: str) -> str:
+        if not v.strip() or "\0" in v or v.startswith("~"):
+            raise ValueError("must be a path on the host (relative = under the login's home)")
+        return v.rstrip("/") or "/"
+
+
+class HostSection(Section):
+    """``[host]``: what to ask the backend for, and what to do when things go wrong."""
+
+    image: str = "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime"
+    disk_gb: float = Field(default=50.0, gt=0)
+    ssh_key: LocalPath = Field(default=Path("~/.ssh/id_ed25519"), validate_default=True)
+    wait_running: Duration = 900.0
+    on_failure: Literal["teardown", "keep"] = "teardown"
+    on_finish: Literal["keep", "down"] = "keep"
+
+
+class InstallSection(Section):
+    """``[install]``: how traind is put on the host and run there."""
+
+    python: str = "python3"
+    venv: bool = True
+    requirements: tuple[str, ...] = DEFAULT_REQUIREMENTS
+    service: Literal["auto", "systemd", "nohup"] = "auto"
+    stop_timeout: Duration = 90.0
+    step_timeout: Duration = 900.0
+
+
+class PullSection(Section):
+    """``[pull]``: where ``pull`` and ``down`` put checkpoints (``<dir>/<name>/<tag>``)."""
+
+    dir: LocalPath = Field(default=Path("checkpoints"), validate_default=True)
+
+
+class VastSection(Section):
+    """``[vast]``: the vast.ai REST API."""
+
+    api_key: SecretStr | None = None
+    url: str = "https://console.vast.ai"
+    verified_only: bool = True
+    search_limit: int = Field(default=64, ge=1)
+    ssh_user: str = "root"
+    poll_interval: Duration = 5.0
+    request_timeout: Duration = 30.0
+    retries: int = Field(default=4, ge=0)
+    backoff_initial: Duration = 1.0
+    backoff_max: Duration = 20.0
+
+    def key(self) -> SecretStr:
+        """The API key: from the file, else ``$VAST_API_KEY``."""
+        if self.api_key is not None:
+            return self.api_key
+        env = os.environ.get("VAST_API_KEY")
+        if not env:
+            raise ConfigError(["vast.api_key: missing (set it or export VAST_API_KEY)"])
+        return SecretStr(env)
+
+
+class SSHHost(Section):
+    """One ``[[ssh.hosts]]`` entry: a host you already have, and what it offers."""
+
+    name: str
+    host: str
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str = "root"
+    identity_file: LocalPath | None = None
+    known_hosts: LocalPath = Field(default=Path("~/.ssh/known_hosts"), validate_default=True)
+    gpu: str = ""
+    num_gpus: int = Field(default=0, ge=0)
+    gpu_ram_gb: float = 0.0
+    disk_gb: float = 0.0
+    download_mbps: float = 0.0
+    price_per_hour: float = 0.0
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return check_component(v, "host name")
+
+
+class SSHSection(Section):
+    """``[ssh]``: the inventory of hosts for ``backend = "ssh"``."""
+
+    hosts: tuple[SSHHost, ...] = ()
+    connect_timeout: Duration = 20.0
+
+
+class LaunchConfig(Section):
+    """The whole launch.toml."""
+
+    name: str
+    backend: Literal["local", "ssh", "vast"]
+    run: RunSection
+    constraints: ConstraintsSection = ConstraintsSection()
+    host: HostSection = HostSection()
+    install: InstallSection = InstallSection()
+    pull: PullSection = PullSection()
+    vast: VastSection = VastSection()
+    ssh: SSHSection = SSHSection()
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return check_component(v, "launch name")
+
+    @model_validator(mode="after")
+    def _backend_section(self) -> LaunchConfig:
+        if self.backend == "ssh" and not self.ssh.hosts:
+            raise ValueError('backend = "ssh" needs at least one [[ssh.hosts]] entry')
+        return self
+
+    def remote_root(self, name: str | None = None) -> str:
+        """Where this launch lives on the host: ``<run.remote_dir>/<name>``."""
+        return f"{self.run.remote_dir}/{name or self.name}"
+
+
+def load(path: Path, overrides: dict[str, Any] | None = None) -> LaunchConfig:
+    """Read and validate launch.toml; raise ConfigError listing every problem."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError([f"cannot read {path}: {exc.strerror}"], str(path)) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"not valid TOML: {exc}"], str(path)) from exc
+    data.update(overrides or {})
+    for section in ("constraints", "host", "install", "pull", "vast", "ssh"):
+        data.setdefault(section, {})  # validated here, so default paths resolve beside the file
+    try:
+        return LaunchConfig.model_validate(data, context={"base": path.resolve().parent})
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(p) for p in e['loc'])}: {str(e['msg']).removeprefix('Value error, ')}"
+            for e in exc.errors()
+        ]
+        raise ConfigError(problems, str(path)) from exc

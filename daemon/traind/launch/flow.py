@@ -1,0 +1,278 @@
+"""``traind launch``: search → provision → wait → sync code and config → install traind →
+start its service → follow its log until the run ends or the user detaches.
+
+Every step logs ``launch_step step=... seconds=...``. The launch is saved as soon as a host
+is provisioned, so it can always be found again. A failure after that tears the host down
+(``[host] on_failure = "teardown"``) or, when that is off or fails, says loudly that it is
+still there and the exact ``traind launch down NAME`` that removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+import traind
+from traind.launch import service
+from traind.launch.base import Handle, HostBackend, LineSink, RemoteResult
+from traind.launch.config import LaunchConfig
+from traind.launch.errors import (
+    HostUnreachableError,
+    LaunchError,
+    NoOffersError,
+    RemoteCommandError,
+)
+from traind.launch.handles import LaunchRecord, LaunchStore
+from traind.launch.rsync import check
+
+log = structlog.get_logger("traind.launch")
+FINISHED_EVENTS = frozenset({"run_complete"})
+"""traind log events after which the run is over: trained, and every checkpoint committed."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every launch operation works with."""
+
+    config: LaunchConfig
+    backend: HostBackend
+    store: LaunchStore
+
+
+@contextlib.asynccontextmanager
+async def step(name: str, launch: str, **fields: Any) -> AsyncIterator[dict[str, Any]]:
+    """Time one step; log ``launch_step`` (or ``launch_step_failed``) with what it adds."""
+    facts: dict[str, Any] = {}
+    started = time.monotonic()
+    try:
+        yield facts
+    except BaseException as exc:
+        log.error("launch_step_failed", step=name, launch=launch, error=str(exc) or repr(exc),
+                  seconds=round(time.monotonic() - started, 3), **fields)
+        raise
+    log.info("launch_step", step=name, launch=launch,
+             seconds=round(time.monotonic() - started, 3), **fields, **facts)
+
+
+def layout(record: LaunchRecord) -> service.Layout:
+    """Where this launch's files are on its host."""
+    return service.Layout(record.remote_root, record.name)
+
+
+async def run_checked(
+    ctx: Context, handle: Handle, command: str | list[str], what: str,
+    env: dict[str, str] | None = None, within: float | None = None,
+) -> list[str]:
+    """Run a command on the host; return its stdout lines; RemoteCommandError unless it exits 0."""
+    lines: list[str] = []
+    result: RemoteResult = await ctx.backend.run_remote(
+        handle, command, env=env, stream=lines.append,
+        timeout=within or ctx.config.install.step_timeout,
+    )
+    check(result, what)
+    return lines
+
+
+async def run_for_line(ctx: Context, handle: Handle, command: str, what: str) -> str:
+    """Run a command on the host that prints one answer; return its last line."""
+    lines = [line for line in await run_checked(ctx, handle, command, what) if line.strip()]
+    if not lines:
+        raise RemoteCommandError(f"{what} printed nothing")
+    return lines[-1].strip()
+
+
+async def launch(ctx: Context, config_path: Path, name: str | None = None) -> LaunchRecord:
+    """Bring traind up on a new host and return the saved launch (not yet followed)."""
+    cfg, name = ctx.config, name or ctx.config.name
+    if ctx.store.exists(name):
+        raise LaunchError(
+            f"a launch named {name!r} exists already: traind launch down {name}, or pick --name"
+        )
+    public_key = _public_key(cfg)
+    async with step("search", name, backend=ctx.backend.name) as facts:
+        offers = await ctx.backend.search_offers(cfg.constraints.to_constraints())
+        facts["offers"] = len(offers)
+    if not offers:
+        raise NoOffersError(f"no {ctx.backend.name} offer matches [constraints] in {config_path}")
+    offer = offers[0]
+    async with step("provision", name, offer=offer.id, gpu=offer.gpu_name,
+                    num_gpus=offer.num_gpus, price_per_hour=offer.price_per_hour) as facts:
+        handle = await ctx.backend.provision(
+            offer, cfg.host.disk_gb, cfg.host.image, public_key, name
+        )
+        facts["instance"] = handle.instance_id
+    record = ctx.store.save(LaunchRecord(
+        name, str(config_path.resolve()), handle, cfg.remote_root(name), created_at=time.time()
+    ))
+    try:
+        return await _bring_up(ctx, record)
+    except BaseException as exc:
+        await _abandon(ctx, record.name, exc)
+        raise
+
+
+async def _bring_up(ctx: Context, record: LaunchRecord) -> LaunchRecord:
+    cfg, name = ctx.config, record.name
+    async with step("wait_running", name, instance=record.handle.instance_id):
+        handle = await ctx.backend.wait_running(record.handle, cfg.host.wait_running)
+        record = ctx.store.save(record.with_(handle=handle))
+    async with step("connect", name, endpoint=str(handle.endpoint or "local")):
+        await _reachable(ctx, handle, cfg.host.wait_running)
+    async with step("prepare", name) as facts:
+        root = await run_for_line(ctx, handle, service.resolve_root(record.remote_root),
+                                  "creating the launch directory")
+        record = ctx.store.save(record.with_(remote_root=root))
+        facts["remote_root"] = root
+    where = layout(record)
+    async with step("sync_code", name, source=str(cfg.run.code_dir)):
+        await ctx.backend.sync_to(handle, cfg.run.code_dir, where.code, cfg.run.excludes,
+                                  cfg.run.includes, delete=True)
+    async with step("sync_traind", name):
+        await ctx.backend.sync_to(handle, Path(traind.__file__).parent, f"{where.lib}/traind",
+                                  ("__pycache__", "*.pyc"), delete=True)
+        await ctx.backend.sync_to(handle, cfg.run.traind_config, where.config)
+    async with step("install", name, venv=cfg.install.venv) as facts:
+        python = await run_for_line(
+            ctx, handle, service.install_python(where, cfg.install.python, cfg.install.venv,
+                                                cfg.install.requirements), "installing python"
+        )
+        await run_checked(ctx, handle, service.check_config(where, python),
+                          "traind check-config on the host", env=where.env(cfg.run.env))
+        facts["python"] = python
+    async with step("start", name) as facts:
+        kind: str = cfg.install.service
+        if kind == "auto":
+            kind = await run_for_line(ctx, handle, service.DETECT, "detecting systemd")
+        record = ctx.store.save(record.with_(service=kind, python=python))
+        await run_checked(
+            ctx, handle, service.start(kind, where, python, where.env(cfg.run.env),
+                                       ready_within=cfg.install.step_timeout,
+                                       stop_timeout=cfg.install.stop_timeout),
+            "starting traind", env=where.env(cfg.run.env),
+        )
+        facts["service"] = kind
+    log.info("launch_ready", launch=name, backend=ctx.backend.name,
+             instance=handle.instance_id, service=record.service, remote_root=record.remote_root)
+    return record
+
+
+async def _reachable(ctx: Context, handle: Handle, within: float) -> None:
+    """Retry a trivial command until the host answers (a fresh host's sshd starts late)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            await run_checked(ctx, handle, "true", "true", within=30)
+            return
+        except (HostUnreachableError, RemoteCommandError) as exc:
+            if time.monotonic() + 2 > deadline:
+                raise
+            log.info("launch_host_not_reachable_yet", instance=handle.instance_id, error=str(exc))
+        await asyncio.sleep(2)
+
+
+def _public_key(cfg: LaunchConfig) -> str:
+    path = Path(f"{cfg.host.ssh_key}.pub")
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        if cfg.backend == "vast":
+            raise LaunchError(f"cannot read the public key {path}: {exc.strerror}") from exc
+        return ""
+
+
+async def _abandon(ctx: Context, name: str, error: BaseException) -> None:
+    """After a failure past provisioning: tear down, or say loudly what is left and how to
+    remove it. Runs to the end even when the launch was cancelled."""
+    record = ctx.store.load(name)
+    facts = {"launch": name, "backend": ctx.backend.name,
+             "instance": record.handle.instance_id, "error": str(error) or repr(error),
+             "destroy_with": f"traind launch down {name} --no-pull"}
+    if ctx.config.host.on_failure == "keep":
+        log.error("launch_failed_host_kept", **facts)
+        return
+    try:
+        async with asyncio.timeout(120):
+            await asyncio.shield(_teardown_after_failure(ctx, record))
+    except Exception as exc:
+        log.critical("launch_failed_host_left_running", teardown_error=str(exc), **facts)
+        return
+    ctx.store.remove(name)
+    log.error("launch_failed_torn_down", **facts)
+
+
+async def _teardown_after_failure(ctx: Context, record: LaunchRecord) -> None:
+    if record.service:
+        with contextlib.suppress(LaunchError):
+            await ctx.backend.run_remote(
+                record.handle, service.stop(record.service, layout(record), 20), timeout=40
+            )
+    await ctx.backend.teardown(record.handle)
+
+
+def log_event(line: str) -> str | None:
+    """The ``event`` of a traind JSON log line, or None."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    return str(data.get("event")) if isinstance(data, dict) else None
+
+
+async def follow(
+    ctx: Context, record: LaunchRecord, detach: asyncio.Event, out: LineSink, lines: int = 50
+) -> str:
+    """Print traind's log lines until the run finishes ("finished"), traind stops ("stopped")
+    or ``detach`` is set ("detached", the run goes on). A dropped connection is retried."""
+    finished = asyncio.Event()
+
+    def sink(line: str) -> None:
+        out(line)
+        if log_event(line) in FINISHED_EVENTS:
+            finished.set()
+
+    where = layout(record)
+    while True:
+        tail = asyncio.ensure_future(ctx.backend.run_remote(
+            record.handle, service.logs(record.service, where, lines, follow=True), stream=sink
+        ))
+        ends = [tail, asyncio.ensure_future(detach.wait()),
+                asyncio.ensure_future(finished.wait())]
+        try:
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in ends:
+                task.cancel()
+            await asyncio.gather(*ends, return_exceptions=True)
+        if detach.is_set():
+            log.info("launch_detached", launch=record.name,
+                     hint=f"the run goes on; traind launch logs {record.name} -f to follow again")
+            return "detached"
+        if finished.is_set():
+            return "finished"
+        error = None if tail.cancelled() else tail.exception()
+        if isinstance(error, HostUnreachableError):
+            log.warning("launch_follow_reconnecting", launch=record.name, error=str(error))
+            await asyncio.sleep(5)
+        elif error is not None:
+            raise error
+        elif not await service_active(ctx, record):
+            return "stopped"
+        else:
+            await asyncio.sleep(1)
+        lines = 0
+
+
+async def service_active(ctx: Context, record: LaunchRecord) -> bool:
+    """Whether traind runs on the host."""
+    result = await ctx.backend.run_remote(
+        record.handle, service.is_active(record.service, layout(record)), timeout=60
+    )
+    return result.exit_code == 0

@@ -1,0 +1,28 @@
+"""Adapters by name, imported only when chosen (a vast user never imports asyncssh's users)."""
+
+from __future__ import annotations
+
+import importlib
+
+from traind.launch.base import HostBackend
+from traind.launch.config import LaunchConfig
+from traind.launch.handles import LaunchStore
+
+BACKENDS = {
+    "local": "traind.launch.local:LocalBackend",
+    "ssh": "traind.launch.ssh:SSHBackend",
+    "vast": "traind.launch.vast:VastBackend",
+}
+
+
+def open_backend(config: LaunchConfig, store: LaunchStore) -> HostBackend:
+    """The adapter ``config.backend`` names, built from its section (no I/O)."""
+    module_name, _, class_name = BACKENDS[config.backend].partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if config.backend == "local":
+        backend: HostBackend = cls(store)
+    elif config.backend == "ssh":
+        backend = cls(config.ssh, store, config.host.ssh_key)
+    else:
+        backend = cls(config.vast, store, config.host.ssh_key)
+    return backend
