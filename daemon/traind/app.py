@@ -27,8 +27,8 @@ from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
 from traind.storage.base import Storage
 from traind.storage.factory import open_storage
-from traind.supervisor.process import become_subreaper
-from traind.supervisor.runner import Supervisor
+from traind.supervisor.procfs import become_subreaper
+from traind.supervisor.supervisor import Supervisor
 
 log = structlog.get_logger("traind.app")
 

@@ -14,7 +14,8 @@ from traind.checkpoints.streamer import Streamer
 from traind.status import model
 from traind.status.metrics import Metrics
 from traind.status.render import one_line
-from traind.supervisor.runner import ChildStatus, Supervisor
+from traind.supervisor.runner import ChildStatus
+from traind.supervisor.supervisor import Supervisor
 from traind.systemd import Notifier
 
 

@@ -1,56 +1,37 @@
-"""A supervised child: its environment, its process tree, its output, and stopping all of it.
+"""One supervised child: spawning it and stopping all of it.
 
 Each child runs in a session of its own (``start_new_session``); stopping is SIGTERM to the
 group and to every descendant that left it → grace → SIGKILL, and the final wait cannot be
-cancelled. Output is read as it arrives (a full pipe freezes a child), logged line by line and
-kept in size-rotated files.
+cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import errno
-import importlib
-import logging
 import os
-import queue
 import signal
-import socket
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from enum import StrEnum
-from logging.handlers import QueueListener, RotatingFileHandler
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
-from traind.config import ChildConfig, TrainerConfig
+from traind.config import ChildConfig
 from traind.errors import SupervisorError
+from traind.supervisor.env import CHILD_TAG, child_env
+from traind.supervisor.output import ChildLog, Pipes
 from traind.supervisor.policy import Role
+from traind.supervisor.procfs import ProcessTree
 
 log = structlog.get_logger("traind.supervisor")
 T = TypeVar("T")
 
-CHILD_TAG = "TRAIND_CHILD_ID"
-"""Set in every child's environment; descendants inherit it, which finds escaped ones in /proc."""
-DISTRIBUTED_VARS = frozenset(
-    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-     "MASTER_ADDR", "MASTER_PORT"}
-)
-SINGLE_NODE = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-RUNTIME_VARS = frozenset({"TRAIND_RESUME_FROM", "TRAIND_HEARTBEAT", CHILD_TAG})
 TRACK_INTERVAL = 1.0
 KILL_WAIT = 10.0
-MAX_LINE = 64 * 1024
-PR_SET_CHILD_SUBREAPER = 36
-IDLE_SLACK = 512 * 1024**2
 
 
 class State(StrEnum):
@@ -66,216 +47,6 @@ class State(StrEnum):
 
 OnState = Callable[[str, State], None]
 OnLine = Callable[[str, str], None]
-
-
-def _dropped(name: str, role: Role) -> bool:
-    if name == "NOTIFY_SOCKET" or name.startswith("WATCHDOG_") or name in RUNTIME_VARS:
-        return True
-    distributed = name in DISTRIBUTED_VARS or name.startswith("TORCHELASTIC_")
-    return distributed and role is not Role.TRAINER
-
-
-def child_env(base_env: Mapping[str, str], config: ChildConfig, role: Role) -> dict[str, str]:
-    """The environment for a child: ``base_env`` without systemd's and (except for the trainer)
-    torch.distributed's variables, GPUs pinned by PCI order, then the configured ``env``.
-
-    Python children are unbuffered unless told otherwise, so their output (progress) streams.
-    A trainer with ``distributed = true`` gets a single-node rank-0 environment by default.
-    """
-    env = {k: v for k, v in base_env.items() if not _dropped(k, role)}
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if role is Role.TRAINER and isinstance(config, TrainerConfig) and config.distributed:
-        for key, value in SINGLE_NODE.items():
-            env.setdefault(key, value)
-    if config.gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in config.gpus)
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env.update(config.env)
-    return env
-
-
-# --- /proc: who belongs to a child ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Proc:
-    """One /proc entry; ``start`` (clock ticks after boot) tells a reused pid apart."""
-
-    pid: int
-    ppid: int
-    pgrp: int
-    start: int
-    state: str
-
-
-def read_proc(pid: int) -> Proc | None:
-    """``/proc/<pid>/stat`` parsed, or None when the process is gone."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    f = data[data.rindex(b")") + 2 :].split()  # the name in parentheses may hold spaces
-    return Proc(pid, int(f[1]), int(f[2]), int(f[19]), f[0].decode())
-
-
-def process_table() -> dict[int, Proc]:
-    """Every process visible in /proc."""
-    found = (read_proc(int(e.name)) for e in os.scandir("/proc") if e.name.isdigit())
-    return {p.pid: p for p in found if p is not None}
-
-
-def descendants(table: Mapping[int, Proc], root: int) -> set[int]:
-    """Pids below ``root`` in the parent tree of ``table``."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for p in table.values():
-        children[p.ppid].append(p.pid)
-    found: set[int] = set()
-    todo = list(children[root])
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children[pid])
-    return found
-
-
-def _has_tag(pid: int, entry: bytes) -> bool:
-    try:
-        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-
-
-class ProcessTree:
-    """What a child started, as far as /proc shows: its process group, its descendants
-    (remembered after they are reparented to us or init), and whatever carries its tag."""
-
-    def __init__(self, leader: int, tag: str) -> None:
-        self.leader = leader
-        self._entry = f"{CHILD_TAG}={tag}".encode()
-        self._seen: dict[int, int] = {}
-
-    def scan(self, *, by_tag: bool = False) -> list[Proc]:
-        """Members other than the leader, still alive; reaps those that died as our children.
-
-        Blocking (reads /proc); ``by_tag`` also reads every process's environment.
-        """
-        table = process_table()
-        me = os.getpid()
-        pids = descendants(table, self.leader)
-        pids.update(p.pid for p in table.values() if p.pgrp == self.leader)
-        pids.update(pid for pid, start in self._seen.items() if _same(table, pid, start))
-        if by_tag:
-            pids.update(pid for pid in table if pid not in pids and _has_tag(pid, self._entry))
-        pids -= {self.leader, me, 1}
-        members = [table[pid] for pid in pids]
-        self._seen = {p.pid: p.start for p in members}
-        for p in members:
-            if p.state == "Z" and p.ppid == me:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(p.pid, os.WNOHANG)
-        return [p for p in members if p.state != "Z"]
-
-    def signal(self, members: Iterable[Proc], sig: int) -> None:
-        """Send ``sig`` to the leader's group and to each member that is still itself."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.leader, sig)
-        for p in members:
-            now = read_proc(p.pid)
-            if now is not None and now.start == p.start and now.state != "Z":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, sig)
-
-
-def _same(table: Mapping[int, Proc], pid: int, start: int) -> bool:
-    p = table.get(pid)
-    return p is not None and p.start == start
-
-
-def become_subreaper() -> bool:
-    """Make this process adopt orphaned descendants instead of init (``PR_SET_CHILD_SUBREAPER``),
-    so grandchildren whose parent died stay findable and reapable; False where unsupported."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return False
-    one, zero = ctypes.c_ulong(1), ctypes.c_ulong(0)
-    if prctl(ctypes.c_int(PR_SET_CHILD_SUBREAPER), one, zero, zero, zero) != 0:
-        log.warning("subreaper_unavailable", error=os.strerror(ctypes.get_errno()))
-        return False
-    log.info("subreaper_enabled", pid=os.getpid())
-    return True
-
-
-# --- output ----------------------------------------------------------------------------------
-
-
-class _Pipes(asyncio.SubprocessProtocol):
-    """Splits stdout and stderr into lines as they arrive."""
-
-    def __init__(
-        self, on_line: Callable[[int, str, bytes], None], on_exit: Callable[[int, int], None]
-    ) -> None:
-        self._on_line = on_line
-        self._on_exit = on_exit
-        self._partial = {1: b"", 2: b""}
-        self._transport: asyncio.SubprocessTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self._transport = transport
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        stream = "stdout" if fd == 1 else "stderr"
-        *lines, rest = (self._partial[fd] + data).split(b"\n")
-        if len(rest) > MAX_LINE:
-            lines.append(rest)
-            rest = b""
-        self._partial[fd] = rest
-        for line in lines:
-            self._on_line(self._pid, stream, line)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if rest := self._partial.pop(fd, b""):
-            self._on_line(self._pid, "stdout" if fd == 1 else "stderr", rest)
-
-    def process_exited(self) -> None:
-        assert self._transport is not None
-        code = self._transport.get_returncode()
-        self._on_exit(self._pid, -1 if code is None else code)
-
-    @property
-    def _pid(self) -> int:
-        return self._transport.get_pid() if self._transport is not None else 0
-
-
-class _ChildLog:
-    """Appends a child's output to ``<dir>/<name>.log``, rotated by size, from a thread."""
-
-    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._handler = RotatingFileHandler(
-            path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", delay=True
-        )
-        self._handler.setFormatter(
-            logging.Formatter("%(asctime)s pid=%(child_pid)s %(stream)s %(message)s")
-        )
-        self._queue: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-        self._listener = QueueListener(self._queue, self._handler)
-        self._listener.start()
-
-    def write(self, pid: int, stream: str, line: str) -> None:
-        """Queue one line; never blocks the loop."""
-        rec = logging.makeLogRecord({"msg": line, "child_pid": pid, "stream": stream})
-        self._queue.put_nowait(rec)
-
-    def close(self) -> None:
-        """Flush and close (blocking: run in a thread)."""
-        self._listener.stop()
-        self._handler.close()
-
-
-# --- the child -------------------------------------------------------------------------------
 
 
 class ManagedProcess:
@@ -311,7 +82,7 @@ class ManagedProcess:
         self._exited = asyncio.Event()
         self._tree: ProcessTree | None = None
         self._tracker: asyncio.Task[None] | None = None
-        self._file: _ChildLog | None = None
+        self._file: ChildLog | None = None
         self._stopping = asyncio.Lock()
 
     @property
@@ -352,11 +123,11 @@ class ManagedProcess:
         self._exited = asyncio.Event()
         c = self.config
         path = self._log_dir / f"{self.name}.log"
-        self._file = await asyncio.to_thread(_ChildLog, path, c.log_max_bytes, c.log_backups)
+        self._file = await asyncio.to_thread(ChildLog, path, c.log_max_bytes, c.log_backups)
         self.started_at = self.last_output = time.monotonic()
         try:
             transport, _ = await asyncio.get_running_loop().subprocess_exec(
-                lambda: _Pipes(self._line, self._exit), *argv,
+                lambda: Pipes(self._line, self._exit), *argv,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=c.cwd, env=env, start_new_session=True,
             )
@@ -489,77 +260,3 @@ async def uninterrupted(coro: Coroutine[Any, Any, T]) -> T:
     if cancelled:
         raise asyncio.CancelledError
     return result
-
-
-# --- resources a restarted vLLM needs back ---------------------------------------------------
-
-
-def port_in_use(port: int) -> bool:
-    """True while something listens on TCP ``port`` on any local address (binding the
-    wildcard address with SO_REUSEADDR fails, as the restarted server's bind would)."""
-    families = [(socket.AF_INET, "0.0.0.0")]
-    if socket.has_ipv6:
-        families.append((socket.AF_INET6, "::"))
-    for family, wildcard in families:
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        with sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind((wildcard, port))
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return True
-    return False
-
-
-async def wait_port_free(port: int, limit: float) -> bool:
-    """Wait up to ``limit`` seconds until nothing listens on TCP ``port``; False (and a log
-    event) when it is still busy."""
-    deadline = time.monotonic() + limit
-    while await asyncio.to_thread(port_in_use, port):
-        if time.monotonic() > deadline:
-            log.warning("port_still_busy", port=port, waited=limit)
-            return False
-        await asyncio.sleep(0.2)
-    return True
-
-
-def gpu_memory_used(gpus: Sequence[int]) -> dict[int, int] | None:
-    """Used memory in bytes per GPU index (NVML order = PCI bus order), or None without NVML."""
-    try:
-        nvml: Any = importlib.import_module("pynvml")
-    except ImportError:
-        return None
-    try:
-        nvml.nvmlInit()
-        try:
-            return {
-                i: int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used)
-                for i in gpus
-            }
-        finally:
-            nvml.nvmlShutdown()
-    except nvml.NVMLError:
-        return None
-
-
-async def wait_gpus_idle(
-    gpus: Sequence[int], idle: Mapping[int, int] | None, limit: float
-) -> bool:
-    """Wait up to ``limit`` seconds until every GPU in ``gpus`` is back near its ``idle``
-    memory use; True at once without NVML or a baseline, False (and a log event) if not."""
-    deadline = time.monotonic() + limit
-    while gpus and idle is not None:
-        used = await asyncio.to_thread(gpu_memory_used, gpus)
-        if used is None or all(used[g] <= idle.get(g, 0) + IDLE_SLACK for g in gpus):
-            break
-        if time.monotonic() > deadline:
-            log.warning("gpus_still_busy", used=used, idle=dict(idle), waited=limit)
-            return False
-        await asyncio.sleep(0.5)
-    return True

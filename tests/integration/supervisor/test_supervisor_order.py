@@ -12,8 +12,10 @@ import pytest
 from tests.support.fake_vllm import command, free_port, pids_in, wait_gone
 
 from traind.config import ServiceConfig, TrainerConfig, VLLMConfig
-from traind.supervisor.process import State, become_subreaper
-from traind.supervisor.runner import ChildStatus, Supervisor
+from traind.supervisor.process import State
+from traind.supervisor.procfs import become_subreaper
+from traind.supervisor.runner import ChildStatus
+from traind.supervisor.supervisor import Supervisor
 
 TRAINER = "import time\nwhile True:\n    print('step', flush=True)\n    time.sleep(0.1)\n"
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.1, "max_restarts": 3, "window": 60,

@@ -15,17 +15,11 @@ from tests.support.fake_vllm import command, free_port, pids_in, wait_gone
 
 from traind.config import ChildConfig, TrainerConfig
 from traind.errors import SupervisorError
+from traind.supervisor.env import CHILD_TAG, child_env
 from traind.supervisor.policy import Role
-from traind.supervisor.process import (
-    CHILD_TAG,
-    ManagedProcess,
-    State,
-    become_subreaper,
-    child_env,
-    port_in_use,
-    wait_gpus_idle,
-    wait_port_free,
-)
+from traind.supervisor.process import ManagedProcess, State
+from traind.supervisor.procfs import become_subreaper
+from traind.supervisor.resources import port_in_use, wait_gpus_idle, wait_port_free
 
 BASE_ENV = {
     "PATH": "/usr/bin:/bin",

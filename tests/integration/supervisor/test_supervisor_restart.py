@@ -10,8 +10,10 @@ from structlog.testing import capture_logs
 from tests.support.fake_vllm import command, free_port, pids_in, wait_gone
 
 from traind.config import VLLMConfig
-from traind.supervisor.process import State, become_subreaper
-from traind.supervisor.runner import ChildRunner, VLLMRunner
+from traind.supervisor.process import State
+from traind.supervisor.procfs import become_subreaper
+from traind.supervisor.runner import ChildRunner
+from traind.supervisor.vllm import VLLMRunner
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,8 +14,10 @@ from structlog.testing import capture_logs
 from tests.support.fake_vllm import command, free_port, wait_gone
 
 from traind.config import TrainerConfig, VLLMConfig
-from traind.supervisor.process import State, become_subreaper
-from traind.supervisor.runner import Supervisor, TrainerRunner, resume_argv
+from traind.supervisor.process import State
+from traind.supervisor.procfs import become_subreaper
+from traind.supervisor.supervisor import Supervisor
+from traind.supervisor.trainer import TrainerRunner, resume_argv
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.1, "max_restarts": 3, "window": 60,
         "stable_after": 60}
