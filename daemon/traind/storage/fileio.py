@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 CHUNK = 4 * 1024 * 1024
@@ -46,7 +46,9 @@ def hash_file(path: Path, advance: Callable[[int], None] | None = None) -> tuple
     return total, digest.hexdigest()
 
 
-def iter_chunks(path: Path, size: int = CHUNK, offset: int = 0) -> Iterator[bytes]:
+def iter_chunks(
+    path: Path, size: int = CHUNK, offset: int = 0
+) -> Generator[bytes, None, None]:
     """Yield a file's bytes from ``offset`` in chunks of ``size``."""
     with open(path, "rb", buffering=0) as f:
         f.seek(offset)

@@ -1,0 +1,300 @@
+"""Upload one synthetic checkpoint to a loopback sshd with traind, rsync and scp; compare.
+
+The checkpoint is two equal incompressible files (default 4 GiB in total) plus small json
+files. Each tool runs as its own child process against the same throwaway OpenSSH sshd
+(tests/support/sshd.py), into an empty directory, with ``sync`` between runs; tools take
+turns, run after run, so background load hits them alike. Reported per tool (median run):
+
+- MB/s and client CPU s/GB (the tool and its children, e.g. scp's ssh, from ``wait4``). For
+  traind, as a running daemon pays it: the upload and commit measured inside the worker,
+  without interpreter start-up and imports (shown separately in the footer);
+- peak RSS: the tool's process tree, summed, sampled every 50 ms;
+- sshd CPU s/GB: what the server spent (listener, sessions, sftp-server/rsync children).
+
+traind also computes sha256 of every byte and fsyncs each file before renaming it into place
+(its durability contract); scp and rsync do neither.
+
+    python bench/ssh_upload.py --size 1GiB --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.sshd import HOST, SSHServer, descendants  # noqa: E402
+
+from traind.units import format_size, parse_size  # noqa: E402
+
+GCM = "aes128-gcm@openssh.com"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Result:
+    """One run of one tool."""
+
+    tool: str
+    seconds: float
+    cpu: float
+    peak_rss: int
+    server_cpu: float
+    startup: float = 0.0
+
+
+def make_checkpoint(root: Path, total: int) -> int:
+    """Write two incompressible halves of ``total`` bytes plus small json files; return bytes."""
+    root.mkdir(parents=True)
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        with open(root / name, "wb") as f:
+            left = total // 2
+            while left:
+                n = min(left, 64 * 1024**2)
+                f.write(os.urandom(n))
+                left -= n
+    for name in ("config.json", "trainer_state.json", "generation_config.json"):
+        (root / name).write_text(json.dumps({"name": name, "global_step": 1000}))
+    return sum(p.stat().st_size for p in root.iterdir())
+
+
+def ssh_options(server: SSHServer) -> list[str]:
+    """Client options every tool uses: this server's user key and known_hosts, no prompts."""
+    return [
+        "-i", str(server.user_key.path), "-o", f"UserKnownHostsFile={server.known_hosts}",
+        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", f"User={server.user}",
+    ]
+
+
+def commands(server: SSHServer, ckpt: Path, dest: Path, config: Path) -> dict[str, list[str]]:
+    """The command line of every contender, by name."""
+    opts = ssh_options(server)
+    port = str(server.port)
+    rsh = shlex.join(["ssh", "-p", port, *opts])
+    rsh_gcm = shlex.join(["ssh", "-p", port, "-c", GCM, *opts])
+    traind = [sys.executable, __file__, "--worker", str(config), str(ckpt)]
+    return {
+        "traind sftp": [*traind, "sftp"],
+        "traind rsync": [*traind, "rsync"],
+        "scp": ["scp", "-q", "-r", "-P", port, *opts, str(ckpt), f"{HOST}:{dest}/"],
+        "scp -c aes128-gcm": [
+            "scp", "-q", "-r", "-P", port, "-c", GCM, *opts, str(ckpt), f"{HOST}:{dest}/"
+        ],
+        "rsync -e ssh": ["rsync", "-a", "-e", rsh, str(ckpt), f"{HOST}:{dest}/"],
+        "rsync -e 'ssh -c aes128-gcm'": [
+            "rsync", "-a", "-e", rsh_gcm, str(ckpt), f"{HOST}:{dest}/"
+        ],
+    }
+
+
+def measure(tool: str, argv: list[str], server: SSHServer, timeout: float) -> Result:
+    """Run ``argv`` to completion: wall time, CPU of it and its children (``wait4``), peak
+    RSS summed over its process tree (sampled), and the CPU sshd spent serving it."""
+    server_before = _tree_cpu(server)
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    peak = 0
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() - started > timeout:
+            proc.kill()
+            proc.wait()
+            raise TimeoutError(f"{tool} took more than {timeout}s")
+        peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.05)
+    seconds = time.monotonic() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tool} exited with {proc.returncode}")
+    time.sleep(0.2)  # let sshd reap the session processes, so their CPU is counted
+    server_cpu = _tree_cpu(server) - server_before
+    return Result(tool, seconds, usage.ru_utime + usage.ru_stime, peak, server_cpu)
+
+
+def _tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants, right now."""
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                stack += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _tree_cpu(server: SSHServer) -> float:
+    """CPU seconds of sshd so far: the listener, its reaped sessions and the live ones."""
+    assert server.pid is not None
+    total = 0.0
+    for pid in [server.pid, *descendants(server.pid)]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks = fields[11:13] + (fields[13:15] if pid == server.pid else [])
+        total += sum(int(t) for t in ticks) / TICKS
+    return total
+
+
+def stored_bytes(dest: Path) -> int:
+    """Bytes of regular files under ``dest`` (excluding traind's manifest)."""
+    return sum(
+        p.stat().st_size for p in dest.rglob("*")
+        if p.is_file() and p.name != "traind-manifest.json"
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    """Build the checkpoint, start sshd, run every tool ``--repeat`` times, print the table."""
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    with tempfile.TemporaryDirectory(dir=args.workdir, prefix="traind-bench-") as tmp_:
+        tmp = Path(tmp_)
+        print(f"writing a {format_size(args.size)} checkpoint ...", flush=True)
+        ckpt = tmp / "checkpoint-1000"
+        total = make_checkpoint(ckpt, args.size)
+        server = SSHServer(sshd, tmp / "sshd")
+        dest = tmp / "remote"
+        config = tmp / "traind.json"
+        config.write_text(json.dumps({
+            "type": "ssh", "host": HOST, "port": server.port, "user": server.user,
+            "identity_file": str(server.user_key.path), "known_hosts": str(server.known_hosts),
+            "remote_path": str(dest), "concurrency": 4,
+        }))
+        server.start_sync()
+        results: dict[str, list[Result]] = {}
+        try:
+            cmds = commands(server, ckpt, dest, config)
+            selected = {k: v for k, v in cmds.items() if not args.only or args.only in k}
+            for rep in range(args.repeat):
+                for tool, argv in selected.items():
+                    shutil.rmtree(dest, ignore_errors=True)
+                    dest.mkdir()
+                    subprocess.run(["sync"], check=True, timeout=300)
+                    r = measure(tool, argv, server, timeout=args.timeout)
+                    if tool.startswith("traind"):
+                        inside = json.loads(config.with_suffix(".result").read_text())
+                        r = replace(r, seconds=inside["seconds"], cpu=inside["cpu"],
+                                    startup=r.seconds - inside["seconds"])
+                    got = stored_bytes(dest)
+                    if got != total:
+                        raise RuntimeError(f"{tool} stored {got} bytes, expected {total}")
+                    results.setdefault(tool, []).append(r)
+                    print(f"  [{rep + 1}/{args.repeat}] {tool:30s} "
+                          f"{total / 1e6 / r.seconds:7.0f} MB/s", flush=True)
+        finally:
+            server.stop_sync()
+    print_table(results, total, args.size)
+
+
+def print_table(results: dict[str, list[Result]], total: int, size: int) -> None:
+    """Median run of each tool (by wall time): MB/s, CPU s per GB, peak RSS, sshd CPU."""
+    runs_per_tool = len(next(iter(results.values())))
+    print(f"\ncheckpoint {format_size(size)} ({total} bytes), loopback sshd, "
+          f"{os.cpu_count()} CPUs, median of {runs_per_tool} runs\n")
+    print("| tool                           |   MB/s | client CPU s/GB | peak RSS MiB "
+          "| sshd CPU s/GB |")
+    print("|--------------------------------|-------:|----------------:|-------------:"
+          "|--------------:|")
+    gb = total / 1e9
+    medians = {tool: sorted(runs, key=lambda x: x.seconds)[len(runs) // 2]
+               for tool, runs in results.items()}
+    for tool, r in medians.items():
+        print(f"| {tool:30s} | {total / 1e6 / r.seconds:6.0f} | {r.cpu / gb:15.2f} "
+              f"| {r.peak_rss / 2**20:12.0f} | {r.server_cpu / gb:13.2f} |")
+    startups = [r.startup for tool, r in medians.items() if tool.startswith("traind")]
+    if startups:
+        print(f"\ntraind rows exclude process start-up and imports "
+              f"(~{max(startups):.2f} s wall per run), paid once by the daemon.")
+
+
+async def worker(config_path: Path, ckpt: Path, transfer: str) -> None:
+    """Child-process mode: upload ``ckpt`` with the traind SSH backend, then commit it."""
+    from traind.checkpoints.manifest import FileEntry, Manifest
+    from traind.config import SSHStorage
+    from traind.storage.base import LocalFile
+    from traind.storage.ssh import SSHBackend
+
+    raw = json.loads(config_path.read_text())
+    config = SSHStorage.model_validate({**raw, "transfer": transfer})
+    backend = SSHBackend(config, "bench")
+    files = [
+        LocalFile(p.relative_to(ckpt).as_posix(), p.stat().st_size)
+        for p in sorted(ckpt.rglob("*")) if p.is_file()
+    ]
+    done: dict[str, str] = {}
+
+    class Session:
+        def advance(self, nbytes: int) -> None:
+            pass
+
+        async def file_done(self, path: str, sha256: str) -> None:
+            done[path] = sha256
+
+        async def load_state(self, path: str) -> str | None:
+            return None
+
+        async def save_state(self, path: str, state: str) -> None:
+            pass
+
+    started, cpu = time.monotonic(), _cpu_now()
+    try:
+        await backend.upload(ckpt.name, ckpt, files, Session())
+        entries = tuple(FileEntry(f.path, f.size, done[f.path]) for f in files)
+        await backend.commit(Manifest(run="bench", tag=ckpt.name, step=1000, files=entries))
+    finally:
+        await backend.aclose()
+    # What a running daemon spends: the upload without interpreter start-up and imports.
+    inside = {"seconds": time.monotonic() - started, "cpu": _cpu_now() - cpu}
+    config_path.with_suffix(".result").write_text(json.dumps(inside))
+
+
+def _cpu_now() -> float:
+    """CPU seconds of this process (all threads) and its waited-for children so far."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def main() -> None:
+    """Parse the command line; run the benchmark, or one traind upload in worker mode."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=parse_size, default=4 * 1024**3,
+                        help="checkpoint size, e.g. 1GiB (default 4GiB)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per tool (median shown)")
+    parser.add_argument("--only", help="run only tools whose name contains this")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    parser.add_argument("--workdir", default=None, help="where to put the data (default: tmp)")
+    parser.add_argument("--worker", nargs=3, metavar=("CONFIG", "CKPT", "TRANSFER"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        import structlog
+
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
+        config, ckpt, transfer = args.worker
+        asyncio.run(worker(Path(config), Path(ckpt), transfer))
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The SSH backend: checkpoints on any host you can ssh into, over SFTP (or rsync).
+
+Layout and contract are the local backend's: ``<remote_path>/<run>/<tag>/<path>``, each file
+written as ``<name>.traind-part`` and renamed once whole and fsynced, the manifest
+``traind-manifest.json`` written last by ``commit``. Every remote operation is an SFTP call
+(no shell), and tags and paths are validated again here before they become remote paths.
+The connection lives in ``ssh_link`` (host keys, reconnects), transfers in ``ssh_sftp`` and
+``ssh_rsync``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import posixpath
+import secrets
+import time
+from collections.abc import Coroutine, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import structlog
+
+from traind.checkpoints.manifest import Manifest
+from traind.config import SSHStorage
+from traind.errors import StorageError, TransientStorageError
+from traind.storage import ssh_rsync
+from traind.storage.base import Advance, LocalFile, UploadSession
+from traind.storage.keys import MANIFEST_NAME, check_component, check_relpath, check_tag
+from traind.storage.ssh_errors import translate
+from traind.storage.ssh_link import SSHLink
+from traind.storage.ssh_sftp import (
+    get_file,
+    makedirs,
+    parents,
+    put_file,
+    read_bytes,
+    remove,
+    write_bytes,
+)
+
+log = structlog.get_logger("traind.ssh")
+
+
+class SSHBackend:
+    """Checkpoints under ``<remote_path>/<run>/<tag>/`` on an SSH host."""
+
+    def __init__(self, config: SSHStorage, run: str) -> None:
+        self._config = config
+        self._root = posixpath.join(config.remote_path, check_component(run, "run name"))
+        self._link = SSHLink(config)
+        self._rsync = ssh_rsync.RsyncTransfer(config, self._link)
+
+    @property
+    def describe(self) -> str:
+        """``ssh://user@host:port/<remote_path>/<run>`` (``/~/`` when relative to home)."""
+        target = self._link.target
+        root = self._root if self._root.startswith("/") else f"~/{self._root}"
+        return f"ssh://{target.user}@{target.host}:{target.port}/{root.lstrip('/')}"
+
+    def _tag_dir(self, tag: str) -> str:
+        return posixpath.join(self._root, check_tag(tag))
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        """Store ``files`` under ``tag``: SFTP (``concurrency`` files at once) or one rsync run;
+        ``session.file_done`` as each file is durably in place."""
+        base = self._tag_dir(tag)
+        remote = {f.path: posixpath.join(base, check_relpath(f.path)) for f in files}
+        started = time.monotonic()
+        dirs = parents([*remote.values(), posixpath.join(base, MANIFEST_NAME)])
+        await self._link.call(f"create {base}", lambda sftp: makedirs(sftp, dirs))
+        if self._config.transfer == "rsync":
+            await self._rsync.upload(base, root, files, session)
+        else:
+            limit = asyncio.Semaphore(self._config.concurrency)
+
+            async def one(f: LocalFile) -> None:
+                async with limit:
+                    _, sha = await self._link.call(
+                        f"upload {remote[f.path]}",
+                        lambda sftp: put_file(sftp, root / f.path, remote[f.path], session.advance),
+                    )
+                await session.file_done(f.path, sha)
+
+            await _all(one(f) for f in files)
+        seconds = time.monotonic() - started
+        nbytes = sum(f.size for f in files)
+        log.info(
+            "ssh_upload_done", tag=tag, files=len(files), bytes=nbytes,
+            seconds=round(seconds, 3), mb_per_s=round(nbytes / 1e6 / max(seconds, 1e-6), 1),
+            transfer=self._config.transfer,
+        )
+
+    async def commit(self, manifest: Manifest) -> None:
+        """Write the manifest (temporary name, fsync, rename): now the checkpoint exists."""
+        base = self._tag_dir(manifest.tag)
+        data = manifest.to_json()
+
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            await makedirs(sftp, {base})
+            await write_bytes(sftp, posixpath.join(base, MANIFEST_NAME), data)
+
+        await self._link.call(f"commit {base}", op)
+
+    async def manifests(self) -> list[Manifest]:
+        """Every committed checkpoint of the run (directories without a manifest are not)."""
+        async def op(sftp: asyncssh.SFTPClient) -> list[bytes | None]:
+            try:
+                names = await sftp.listdir(self._root)
+            except asyncssh.SFTPNoSuchFile:
+                return []
+            tags = sorted(n for n in names if n not in {".", ".."})
+            return await asyncio.gather(
+                *(read_bytes(sftp, posixpath.join(self._root, t, MANIFEST_NAME)) for t in tags)
+            )
+
+        found = await self._link.call(f"list {self._root}", op)
+        return [Manifest.from_json(data) for data in found if data is not None]
+
+    async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
+        """Fetch every file of ``manifest`` under ``dest``; return path -> sha256 as written."""
+        base = self._tag_dir(manifest.tag)
+        remote = {e.path: posixpath.join(base, check_relpath(e.path)) for e in manifest.files}
+        limit = asyncio.Semaphore(self._config.concurrency)
+        hashes: dict[str, str] = {}
+
+        async def one(path: str) -> None:
+            async with limit:
+                _, hashes[path] = await self._link.call(
+                    f"download {remote[path]}",
+                    lambda sftp: get_file(sftp, remote[path], dest / path, advance),
+                )
+
+        await _all(one(path) for path in remote)
+        return hashes
+
+    async def delete(self, tag: str) -> None:
+        """Remove the manifest first, then the checkpoint's directory; missing is fine."""
+        base = self._tag_dir(tag)
+
+        async def op(sftp: asyncssh.SFTPClient) -> None:
+            await remove(sftp, posixpath.join(base, MANIFEST_NAME))
+            with contextlib.suppress(asyncssh.SFTPNoSuchFile):
+                await sftp.rmtree(base)
+
+        await self._link.call(f"delete {base}", op)
+
+    async def probe(self) -> None:
+        """Connect, create remote_path, write and remove a file there; say what fails."""
+        link = self._link
+        conn = await link.connect()  # its errors already say what failed (DNS, auth, ...)
+        step = "start the SFTP subsystem on"
+        try:
+            sftp = await conn.start_sftp_client()
+            step = "create remote_path"
+            await makedirs(sftp, {self._root})
+            probe = posixpath.join(self._root, f".traind-probe-{secrets.token_hex(4)}")
+            step = "write a file in"
+            await write_bytes(sftp, probe, b"ok")
+            step = "remove a file from"
+            await sftp.remove(probe)
+            if self._config.transfer == "rsync":
+                await ssh_rsync.probe(link, conn)
+        except (asyncssh.Error, OSError) as exc:
+            raise translate(exc, link.target, f"{step} {self._root}") from exc
+        finally:
+            conn.abort()
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._link.aclose()
+
+
+async def _all(coros: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run ``coros`` concurrently; on failure cancel the rest and raise the first error
+    itself (a permanent one before a transient one), not an ExceptionGroup."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for coro in coros:
+                tg.create_task(coro)
+    except* StorageError as group:
+        errors = _leaves(group)
+        permanent = [e for e in errors if not isinstance(e, TransientStorageError)]
+        raise (permanent or errors)[0]  # noqa: B904 - keeps its own cause
+
+
+def _leaves(group: BaseExceptionGroup[StorageError]) -> list[StorageError]:
+    found: list[StorageError] = []
+    for exc in group.exceptions:
+        found += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return found

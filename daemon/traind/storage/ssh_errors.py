@@ -1,0 +1,122 @@
+"""Turning asyncssh and socket failures into StorageErrors that say what to do about them.
+
+Transient errors (connection refused or dropped, timeouts, DNS hiccups) are retried by the
+caller; everything else (authentication, host keys, remote permissions) is not.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+
+from traind.errors import StorageError, TransientStorageError
+
+# Failures of the SSH transport that a retry cannot fix.
+_PERMANENT_DISCONNECTS = (
+    asyncssh.KeyExchangeFailed,
+    asyncssh.ProtocolNotSupported,
+    asyncssh.IllegalUserName,
+    asyncssh.ServiceNotAvailable,
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where we connect, as the error messages name it."""
+
+    host: str
+    port: int
+    user: str
+
+    def __str__(self) -> str:
+        return f"ssh {self.user}@{self.host}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How OpenSSH names this host in known_hosts (``[host]:port`` unless port 22)."""
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+    @property
+    def keyscan(self) -> str:
+        """The ``ssh-keyscan`` invocation that prints this host's keys."""
+        port = "" if self.port == 22 else f"-p {self.port} "
+        return f"ssh-keyscan {port}{shlex.quote(self.host)}"
+
+
+def host_key_error(
+    target: Target, known_hosts: Path, offered: asyncssh.SSHKey | None
+) -> StorageError:
+    """The error for a host key that ``known_hosts`` does not vouch for: unknown or changed."""
+    kh = shlex.quote(str(known_hosts))
+    offered_desc = (
+        f"{offered.get_algorithm()} {offered.get_fingerprint()}" if offered else "a key"
+    )
+    known = _known_keys(target, known_hosts)
+    if known:
+        listed = ", ".join(k.get_fingerprint() for k in known)
+        return StorageError(
+            f"{target}: HOST KEY CHANGED: the server offered {offered_desc} but {known_hosts} "
+            f"lists {listed} for {target.known_hosts_name}. Someone may be intercepting the "
+            "connection (man-in-the-middle), or the host was reinstalled. Confirm the new "
+            "fingerprint with the host's administrator, then replace the entry: "
+            f"ssh-keygen -R {shlex.quote(target.known_hosts_name)} -f {kh} && "
+            f"{target.keyscan} >> {kh}"
+        )
+    missing = "" if known_hosts.is_file() else " (the file does not exist)"
+    return StorageError(
+        f"{target}: host key not known: the server offered {offered_desc}, which is not in "
+        f"{known_hosts}{missing}. If that fingerprint is the host's, add it: "
+        f"{target.keyscan} >> {kh}"
+    )
+
+
+def _known_keys(target: Target, known_hosts: Path) -> list[asyncssh.SSHKey]:
+    if not known_hosts.is_file():
+        return []
+    try:
+        port = None if target.port == 22 else target.port
+        matched = asyncssh.match_known_hosts(str(known_hosts), target.host, "", port)
+    except (OSError, ValueError):
+        return []
+    return list(matched[0])
+
+
+def translate(exc: BaseException, target: Target, action: str) -> StorageError:
+    """Classify ``exc`` (raised while doing ``action``) as a transient or permanent error."""
+    where = f"{target}: {action}"
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return StorageError(f"{target}: authentication failed: {exc.reason}")
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return StorageError(f"{where}: host key not verifiable: {exc.reason}")
+    if isinstance(exc, _PERMANENT_DISCONNECTS):
+        return StorageError(f"{where}: {type(exc).__name__}: {exc.reason}")
+    if isinstance(exc, asyncssh.SFTPConnectionLost | asyncssh.SFTPNoConnection):
+        return TransientStorageError(f"{where}: connection lost: {exc.reason}")
+    if isinstance(exc, asyncssh.SFTPPermissionDenied):
+        return StorageError(f"{where}: permission denied on the remote host: {exc.reason}")
+    if isinstance(exc, asyncssh.SFTPError):
+        return StorageError(f"{where}: remote error: {exc.reason}")
+    if isinstance(exc, asyncssh.DisconnectError):
+        return TransientStorageError(f"{where}: connection lost: {exc.reason}")
+    if isinstance(exc, asyncssh.ChannelOpenError):
+        return TransientStorageError(f"{where}: server refused a channel: {exc.reason}")
+    if isinstance(exc, socket.gaierror):
+        return TransientStorageError(
+            f"{target}: cannot resolve host name {target.host!r} (DNS): {exc.strerror or exc}"
+        )
+    if isinstance(exc, ConnectionRefusedError):
+        return TransientStorageError(
+            f"{target}: connection refused: nothing listens on port {target.port} "
+            "(is sshd running, is the port right?)"
+        )
+    if isinstance(exc, TimeoutError):
+        return TransientStorageError(f"{where}: timed out")
+    if isinstance(exc, OSError):
+        return TransientStorageError(f"{where}: network error: {exc.strerror or exc}")
+    return StorageError(f"{where}: {type(exc).__name__}: {exc}")

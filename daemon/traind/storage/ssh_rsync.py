@@ -1,0 +1,215 @@
+"""The optional ``transfer = "rsync"`` mode: the system ``rsync`` over ``ssh``.
+
+Same host-key policy as the SFTP mode (``StrictHostKeyChecking=yes`` against the same
+known_hosts, ``BatchMode=yes``). No shell string is built from a path: file names go to rsync
+NUL-separated on stdin (``--files-from=- --from0``) and ``--secluded-args`` hands the remote
+rsync its arguments through the protocol. rsync writes each file in a scratch directory
+(``--temp-dir``, removed afterwards), fsyncs it (``--fsync``) and renames it into place.
+sha256 for the manifest is computed locally while rsync runs; a rerun after a dropped
+connection skips the files rsync already finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+import asyncssh
+import structlog
+
+from traind.config import SSHStorage
+from traind.errors import StorageError, TransientStorageError, UnsafePathError
+from traind.storage.base import LocalFile, UploadSession
+from traind.storage.fileio import hash_file
+from traind.storage.ssh_errors import Target
+from traind.storage.ssh_link import CIPHERS, SSHLink, backoff
+from traind.storage.ssh_sftp import makedirs
+
+log = structlog.get_logger("traind.ssh")
+
+MIN_VERSION = (3, 2, 4)
+"""The first rsync with ``--fsync`` (and ``--secluded-args``); needed at both ends."""
+
+SCRATCH = ".traind-rsync-tmp"
+"""rsync's ``--temp-dir`` inside the checkpoint directory: removed after every successful run,
+so temporary files left by a killed transfer do not outlive the upload."""
+
+# rsync exit codes worth a retry: socket I/O, protocol stream, timeouts, and 255 (ssh failed).
+_TRANSIENT_CODES = {5, 10, 12, 30, 35, 255}
+_PERMANENT_SSH = {
+    "Host key verification failed": "the host key is unknown or changed (see known_hosts)",
+    "Permission denied (publickey": "authentication failed",
+    "command not found": "rsync is not installed on the remote host",
+}
+
+
+def ssh_argv(config: SSHStorage, known_hosts: Path) -> list[str]:
+    """The ``ssh`` command rsync runs: key, port and host-key policy from ``config``."""
+    argv = [
+        "ssh", "-p", str(config.port),
+        "-o", "BatchMode=yes",
+        "-o", f"ConnectTimeout={max(1, round(config.connect_timeout))}",
+        "-o", f"ServerAliveInterval={max(1, round(config.keepalive))}",
+        "-o", "ServerAliveCountMax=3",
+        "-o", f"Ciphers=^{','.join(CIPHERS[:2])}",
+    ]
+    if config.user:
+        argv += ["-l", config.user]
+    if config.identity_file:
+        argv += ["-i", str(config.identity_file), "-o", "IdentitiesOnly=yes"]
+    if config.insecure_skip_host_key_check:
+        argv += [
+            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "LogLevel=ERROR",
+        ]
+    else:
+        argv += [
+            # Quoted: ssh splits this option on whitespace (it takes several files).
+            "-o", "StrictHostKeyChecking=yes", "-o", f'UserKnownHostsFile="{known_hosts}"',
+        ]
+    return argv
+
+
+def rsync_argv(config: SSHStorage, known_hosts: Path, root: Path, remote_dir: str) -> list[str]:
+    """The full rsync command pushing the files listed on stdin from ``root`` to ``remote_dir``."""
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    if remote_dir.startswith(":"):
+        remote_dir = "./" + remote_dir  # "host::x" would mean an rsync daemon module
+    timeout = max(30, round(config.keepalive * 4))
+    return [
+        "rsync", "--secluded-args", "--files-from=-", "--from0", "--times", "--fsync",
+        f"--temp-dir={SCRATCH}", f"--timeout={timeout}",
+        "-e", " ".join(shlex.quote(a) for a in ssh_argv(config, known_hosts)),
+        "--", f"{root.resolve()}/", f"{host}:{remote_dir}/",
+    ]
+
+
+class RsyncTransfer:
+    """Uploads a checkpoint's files with one rsync run, rerun on transient failures."""
+
+    def __init__(self, config: SSHStorage, link: SSHLink) -> None:
+        self._config = config
+        self._link = link
+
+    async def upload(
+        self, remote_dir: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        """Send ``files`` into ``remote_dir`` (which exists), then report each as done."""
+        if any(f.path.split("/")[0] == SCRATCH for f in files):
+            raise UnsafePathError(f"a checkpoint may not contain {SCRATCH} in rsync mode")
+        scratch = posixpath.join(remote_dir, SCRATCH)
+        await self._link.call(f"create {scratch}", lambda sftp: makedirs(sftp, {scratch}))
+        hashing = asyncio.ensure_future(_hash_all(root, files))
+        try:
+            await self._run_with_retries(root, remote_dir, files)
+            await self._link.call(f"remove {scratch}", lambda sftp: sftp.rmtree(scratch))
+            shas = await hashing
+        finally:
+            if not hashing.done():
+                hashing.cancel()
+                await asyncio.gather(hashing, return_exceptions=True)
+        for f in files:
+            session.advance(f.size)
+            await session.file_done(f.path, shas[f.path])
+
+    async def _run_with_retries(
+        self, root: Path, remote_dir: str, files: Sequence[LocalFile]
+    ) -> None:
+        cfg = self._config
+        argv = rsync_argv(cfg, self._link.known_hosts, root, remote_dir)
+        listing = b"\0".join(f.path.encode() for f in files) + b"\0"
+        attempt = 0
+        while True:
+            try:
+                await _run(argv, listing, self._link.target)
+                return
+            except TransientStorageError as exc:
+                attempt += 1
+                if attempt > cfg.retries:
+                    raise
+                delay = backoff(attempt, cfg.backoff_initial, cfg.backoff_max)
+                log.warning("ssh_retry", action="rsync", attempt=attempt, retry_in=delay,
+                            error=str(exc))
+                await asyncio.sleep(delay)
+
+
+async def probe(link: SSHLink, conn: asyncssh.SSHClientConnection) -> None:
+    """Check rsync and ssh exist here, and rsync >= 3.2.4 (``--fsync``) at both ends."""
+    for tool in ("rsync", "ssh"):
+        if shutil.which(tool) is None:
+            raise StorageError(f'transfer = "rsync" needs {tool!r} on this host\'s PATH')
+    local = await asyncio.create_subprocess_exec(
+        "rsync", "--version", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    out, _ = await asyncio.wait_for(local.communicate(), timeout=30)
+    _check_version("this host", out.decode(errors="replace"))
+    try:
+        # A constant command line: nothing from config or paths reaches the remote shell.
+        result = await asyncio.wait_for(conn.run("rsync --version", check=False), timeout=30)
+    except (asyncssh.Error, OSError, TimeoutError) as exc:
+        raise StorageError(f"{link.target}: cannot run rsync remotely: {exc}") from exc
+    if result.exit_status != 0:
+        raise StorageError(
+            f"{link.target}: rsync is not usable on the remote host "
+            f"(exit {result.exit_status}): {str(result.stderr or '').strip()[:200]}"
+        )
+    _check_version(f"{link.target}", str(result.stdout or ""))
+
+
+def _check_version(where: str, version_output: str) -> None:
+    found = re.search(r"version\s+(\d+)\.(\d+)\.(\d+)", version_output)
+    version = tuple(int(x) for x in found.groups()) if found else (0, 0, 0)
+    if version < MIN_VERSION:
+        shown = ".".join(map(str, version)) if found else "unknown"
+        raise StorageError(
+            f'{where}: rsync {shown} is too old for transfer = "rsync" (needs '
+            f"{'.'.join(map(str, MIN_VERSION))} for --fsync); use transfer = \"sftp\""
+        )
+
+
+async def _hash_all(root: Path, files: Sequence[LocalFile]) -> dict[str, str]:
+    limit = asyncio.Semaphore(2)
+
+    async def one(f: LocalFile) -> tuple[str, str]:
+        async with limit:
+            try:
+                _, sha = await asyncio.to_thread(hash_file, root / f.path)
+            except OSError as exc:
+                raise StorageError(f"cannot read {root / f.path}: {exc.strerror}") from exc
+            return f.path, sha
+
+    return dict(await asyncio.gather(*(one(f) for f in files)))
+
+
+async def _run(argv: list[str], listing: bytes, target: Target) -> None:
+    """Run rsync once; translate a failure into a (transient or permanent) StorageError."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        _, stderr = await proc.communicate(listing)
+    except BaseException:
+        # Cancelled: rsync and its ssh child go down with their process group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=5)
+        raise
+    if proc.returncode == 0:
+        return
+    text = stderr.decode(errors="replace").strip()
+    tail = " | ".join(text.splitlines()[-3:])
+    for needle, meaning in _PERMANENT_SSH.items():
+        if needle in text:
+            raise StorageError(f"{target}: rsync failed: {meaning}: {tail}")
+    error = TransientStorageError if proc.returncode in _TRANSIENT_CODES else StorageError
+    raise error(f"{target}: rsync exited with {proc.returncode}: {tail}")

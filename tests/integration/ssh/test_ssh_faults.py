@@ -1,0 +1,200 @@
+"""Faults: sshd dies mid-upload and comes back; probe says precisely what is wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+from tests.support.requires import need_binary
+from tests.support.sshd import SSHServer, free_port, keygen
+
+from traind.checkpoints.journal import Journal, JournalSession
+from traind.checkpoints.manifest import Manifest, verify
+from traind.errors import StorageError, TransientStorageError
+from traind.storage.base import LocalFile
+from traind.storage.keys import MANIFEST_NAME
+
+Checkpoint = Callable[[str, dict[str, bytes]], tuple[Path, list[LocalFile]]]
+Store = Callable[..., Awaitable[Manifest]]
+
+MiB = 1024 * 1024
+FILES = {
+    "a-config.json": b'{"step": 1}',
+    "b-small.bin": os.urandom(2 * MiB),
+    "c-large.bin": os.urandom(32 * MiB),
+    "d-after.bin": os.urandom(1 * MiB),
+}
+
+
+class CountingSession(JournalSession):
+    """The real journal session, counting file_done calls and bytes moved."""
+
+    def __init__(self, journal: Journal, tag: str) -> None:
+        super().__init__(journal, tag, self._advance)
+        self.done: list[str] = []
+        self.moved = 0
+        self.on_bytes: Callable[[int], None] = lambda total: None
+
+    def _advance(self, nbytes: int) -> None:
+        self.moved += nbytes
+        self.on_bytes(self.moved)
+
+    async def file_done(self, path: str, sha256: str) -> None:
+        self.done.append(path)
+        await super().file_done(path, sha256)
+
+
+@pytest.mark.parametrize("transfer", ["sftp", "rsync"])
+async def test_sshd_restart_mid_upload_commits_once(
+    transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint,
+    journal: Journal, store: Store, remote: Path, tmp_path: Path,
+) -> None:
+    """sshd killed in the middle of a file and restarted: the upload resumes, finished files
+    are not sent again, and the checkpoint is committed exactly once."""
+    if transfer == "rsync":
+        need_binary("rsync")
+    backend = make_backend(sshd, transfer=transfer, concurrency=1, retries=12,
+                           backoff_initial=0.05, backoff_max=0.4)
+    tag, tag_dir = "checkpoint-9", remote / "store" / "run1" / "checkpoint-9"
+    root, files = checkpoint(tag, FILES)
+    session = CountingSession(journal, tag)
+    killed = asyncio.Event()
+    stored_before_kill: dict[str, int] = {}  # name -> inode
+    restarting: list[asyncio.Task[None]] = []
+
+    async def restart() -> None:
+        await asyncio.sleep(0.3)  # long enough for reconnects to be refused
+        await sshd.start()
+
+    def kill_now() -> None:
+        if not killed.is_set():
+            killed.set()
+            sshd.stop_sync()  # on the loop thread: no byte moves until the kill is done
+            stored_before_kill.update(
+                {p.name: p.stat().st_ino for p in tag_dir.iterdir() if p.name in FILES})
+            restarting.append(asyncio.get_running_loop().create_task(restart()))
+
+    if transfer == "sftp":
+        # Kill once 4 MiB of the large file are written (files go one at a time, in order).
+        before_large = len(FILES["a-config.json"]) + len(FILES["b-small.bin"])
+
+        def on_bytes(total: int) -> None:
+            if total > before_large + 4 * MiB:
+                kill_now()
+
+        session.on_bytes = on_bytes
+        watcher = None
+    else:  # rsync reports nothing while it runs: watch its temporary file grow instead
+        watcher = asyncio.create_task(_kill_when_growing(tag_dir, "c-large.bin", kill_now))
+
+    with capture_logs() as logs:
+        async with asyncio.timeout(60):
+            manifest = await store(backend, tag, root, files, session)
+            if watcher:
+                await watcher
+            await asyncio.gather(*restarting)
+    assert killed.is_set(), "sshd was never killed: the test did not test anything"
+    retries = [e for e in logs if e["event"] == "ssh_retry"]
+    assert retries, "the upload never saw the connection drop"
+    assert sorted(session.done) == sorted(FILES)  # every file reported exactly once
+    assert sorted(stored_before_kill) == ["a-config.json", "b-small.bin"]
+    for name, inode in stored_before_kill.items():  # and those were not written again
+        assert (tag_dir / name).stat().st_ino == inode, f"{name} was re-sent"
+    assert session.moved == sum(len(v) for v in FILES.values())  # progress rewound on retry
+
+    manifest_renames = [op for op in sshd.sftp_operations()
+                        if op.startswith("posix-rename") and op.endswith(f'{MANIFEST_NAME}"')]
+    assert len(manifest_renames) == 1
+    assert [m.tag for m in await backend.manifests()] == [tag]
+    entry = await journal.get(tag)
+    assert entry is not None
+    assert entry.state == "committed"
+    async with asyncio.timeout(30):
+        hashes = await backend.download(manifest, tmp_path / "restore", lambda n: None)
+    verify(manifest, {p: ((tmp_path / "restore" / p).stat().st_size, h)
+                      for p, h in hashes.items()})
+    assert {p.name for p in tag_dir.iterdir()} == {*FILES, MANIFEST_NAME}  # no leftovers
+
+
+async def _kill_when_growing(tag_dir: Path, name: str, kill: Callable[[], None]) -> None:
+    """Call ``kill`` once rsync's temporary file for ``name`` holds more than 1 MiB."""
+    while True:
+        scratch = tag_dir / ".traind-rsync-tmp"
+        for p in scratch.glob(f"{name}.*") if scratch.is_dir() else ():
+            try:
+                if p.stat().st_size > MiB:
+                    kill()
+                    return
+            except FileNotFoundError:
+                pass
+        await asyncio.sleep(0.005)
+
+
+async def test_upload_gives_up_as_transient_when_the_host_stays_down(
+    sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint, journal: Journal,
+) -> None:
+    """After ``retries`` reconnects the error is transient, so the streamer retries later."""
+    backend = make_backend(sshd, retries=2, backoff_initial=0.01, backoff_max=0.02)
+    root, files = checkpoint("checkpoint-3", {"a.bin": b"a"})
+    await journal.staged("checkpoint-3", 3, root, files)
+    await sshd.stop()
+    with capture_logs() as logs:
+        async with asyncio.timeout(20):
+            with pytest.raises(TransientStorageError, match="connection refused"):
+                await backend.upload("checkpoint-3", root, files,
+                                     JournalSession(journal, "checkpoint-3", lambda n: None))
+    assert [e["attempt"] for e in logs if e["event"] == "ssh_retry"] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("dns", "cannot resolve host name 'no-such-host.invalid' (DNS)"),
+        ("refused", "connection refused: nothing listens on port"),
+        ("auth", "authentication failed: the server accepted none of the offered keys"),
+        ("no_identity", "does not exist"),
+        ("read_only", "create remote_path"),
+        ("not_a_directory", "exists and is not a directory"),
+    ],
+)
+async def test_probe_says_what_fails(
+    case: str, expected: str, start_sshd: Callable[..., SSHServer],
+    make_backend: Callable[..., Any], tmp_path: Path,
+) -> None:
+    """``probe`` (check-config) names the failing step: DNS, refused, auth, permissions."""
+    server = start_sshd(read_only_sftp=case == "read_only")
+    (tmp_path / "a-file").write_text("")
+    options: dict[str, dict[str, Any]] = {
+        "dns": {"host": "no-such-host.invalid"},
+        "refused": {"port": free_port()},
+        "auth": {"identity_file": keygen(tmp_path / "stranger").path},
+        "no_identity": {"identity_file": tmp_path / "missing_key"},
+        "read_only": {},
+        "not_a_directory": {"remote_path": str(tmp_path / "a-file" / "store")},
+    }
+    backend = make_backend(server, **options[case])
+    async with asyncio.timeout(20):
+        with pytest.raises(StorageError) as caught:
+            await backend.probe()
+    assert expected in str(caught.value)
+    if case == "read_only":
+        assert "permission denied" in str(caught.value)
+
+
+@pytest.mark.parametrize("transfer", ["sftp", "rsync"])
+async def test_probe_passes_and_leaves_nothing_behind(
+    transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], remote: Path
+) -> None:
+    """A successful probe creates remote_path and removes its probe file (rsync mode also
+    checks rsync runs at both ends)."""
+    if transfer == "rsync":
+        need_binary("rsync")
+    async with asyncio.timeout(20):
+        await make_backend(sshd, transfer=transfer).probe()
+    assert [p.relative_to(remote).as_posix() for p in remote.rglob("*")] == [
+        "store", "store/run1"]

@@ -1,0 +1,106 @@
+"""Hostile tags and file names are rejected before any remote operation, or stored safely."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.support.requires import need_binary
+from tests.support.sshd import SSHServer
+
+from traind.checkpoints.manifest import FileEntry, Manifest
+from traind.errors import UnsafePathError
+from traind.storage.base import LocalFile
+from traind.storage.keys import MANIFEST_NAME
+
+Checkpoint = Callable[[str, dict[str, bytes]], tuple[Path, list[LocalFile]]]
+Store = Callable[..., Awaitable[Manifest]]
+
+HOSTILE_TAGS = ["../x", "..", ";rm -rf ~", "a b", "ünïcode", "x/y", "$(touch pwned)", ""]
+HOSTILE_PATHS = [
+    "../escape", "/etc/passwd", "a/../../b", "x;rm -rf ~", "sp ace.bin", "ünï.bin", "a//b",
+    "`touch pwned`", MANIFEST_NAME,
+]
+
+
+class _Session:
+    def advance(self, nbytes: int) -> None:
+        return None
+
+    async def file_done(self, path: str, sha256: str) -> None:
+        raise AssertionError(f"{path!r} must not be stored")
+
+    async def load_state(self, path: str) -> str | None:
+        return None
+
+    async def save_state(self, path: str, state: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize("tag", HOSTILE_TAGS)
+async def test_hostile_tag_is_rejected_everywhere(
+    tag: str, sshd: SSHServer, make_backend: Callable[..., Any], remote: Path, tmp_path: Path
+) -> None:
+    """Every operation taking a tag refuses an unsafe one before touching the remote host."""
+    backend = make_backend(sshd)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.bin").write_bytes(b"a")
+    manifest = Manifest(run="run1", tag="checkpoint-1", step=1,
+                        files=(FileEntry("a.bin", 1, "0" * 64),))
+    object.__setattr__(manifest, "tag", tag)  # as if read from a tampered store
+    async with asyncio.timeout(10):
+        with pytest.raises(UnsafePathError):
+            await backend.upload(tag, tmp_path / "src", [LocalFile("a.bin", 1)], _Session())
+        with pytest.raises(UnsafePathError):
+            await backend.commit(manifest)
+        with pytest.raises(UnsafePathError):
+            await backend.download(manifest, tmp_path / "dl", lambda n: None)
+        with pytest.raises(UnsafePathError):
+            await backend.delete(tag)
+    assert list(remote.iterdir()) == []
+    assert not (tmp_path / "pwned").exists()
+    assert sshd.sftp_operations() == []  # not even a connection was needed
+
+
+@pytest.mark.parametrize("transfer", ["sftp", "rsync"])
+@pytest.mark.parametrize("path", HOSTILE_PATHS)
+async def test_hostile_file_name_is_rejected(
+    path: str, transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], remote: Path,
+    tmp_path: Path,
+) -> None:
+    """An unsafe relative path fails the whole upload before anything is written remotely."""
+    backend = make_backend(sshd, transfer=transfer)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "ok.bin").write_bytes(b"ok")
+    files = [LocalFile("ok.bin", 2), LocalFile(path, 1)]
+    async with asyncio.timeout(10):
+        with pytest.raises(UnsafePathError):
+            await backend.upload("checkpoint-1", tmp_path / "src", files, _Session())
+    assert list(remote.iterdir()) == []
+
+
+@pytest.mark.parametrize("transfer", ["sftp", "rsync"])
+async def test_option_like_names_are_stored_safely(
+    transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint,
+    store: Store, remote: Path, tmp_path: Path,
+) -> None:
+    """Valid names that look like options or hidden files land exactly where they belong."""
+    if transfer == "rsync":
+        need_binary("rsync")
+    backend = make_backend(sshd, transfer=transfer)
+    contents = {
+        "-e": b"dash e", "--delete": b"dash dash delete", "..a": b"dot dot a",
+        ".hidden": b"hidden", "-rf/-x": b"nested", "--rsh": b"rsh",
+    }
+    root, files = checkpoint("-rf", contents)
+    async with asyncio.timeout(30):
+        await store(backend, "-rf", root, files)
+        assert [m.tag for m in await backend.manifests()] == ["-rf"]
+    tag_dir = remote / "store" / "run1" / "-rf"
+    stored = {p.relative_to(remote).as_posix() for p in remote.rglob("*") if p.is_file()}
+    assert stored == {f"store/run1/-rf/{name}" for name in [*contents, MANIFEST_NAME]}
+    assert {name: (tag_dir / name).read_bytes() for name in contents} == contents
+    assert not (tmp_path / "pwned").exists()
