@@ -192,3 +192,27 @@ def test_grpo_server_mode_rejects_shared_gpus_and_bad_urls(
     """Server mode refuses GPUs shared with the trainer and URLs without a scheme."""
     with pytest.raises(ValueError, match=r"GPUs|server_url"):
         hf.grpo_vllm_args(url, vllm_gpus=vllm_gpus, trainer_gpus=trainer_gpus)
+
+
+def test_snapshot_handshake_waits_then_gives_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under traind the callback waits for the daemon's ack, and stops waiting after a
+    timeout instead of stalling every later save."""
+    from traind.checkpoints.completion import ACK_DIR_ENV
+    from traind.integrations.hf import TraindCallback
+
+    acks = tmp_path / "acks"
+    acks.mkdir()
+    (acks / "checkpoint-1").touch()
+    monkeypatch.setenv(ACK_DIR_ENV, str(acks))
+    callback = TraindCallback(ack_timeout=0.2)
+    started = time.monotonic()
+    callback.wait_for_snapshot("checkpoint-1")
+    assert time.monotonic() - started < 0.1
+    with pytest.warns(UserWarning, match="did not snapshot checkpoint-2"):
+        callback.wait_for_snapshot("checkpoint-2")
+    assert callback.ack_dir is None
+    started = time.monotonic()
+    callback.wait_for_snapshot("checkpoint-3")
+    assert time.monotonic() - started < 0.1

@@ -77,6 +77,9 @@ async def recover(streamer: Streamer, journal: Journal, manifests: list[Manifest
             if path.name not in keep:
                 await asyncio.to_thread(shutil.rmtree, path, True)
                 log.info("staging_orphan_removed", path=str(path))
+    # Acks belong to the trainer this daemon is about to start; stale ones would let it
+    # rotate a checkpoint away before it is snapshot.
+    await asyncio.to_thread(shutil.rmtree, streamer.acks, True)
     return tracked
 
 

@@ -42,6 +42,7 @@ class Streamer:
     ) -> None:
         self._run = run
         self.staging = state_dir / "staging"
+        self.acks = state_dir / "acks"
         self.storage = storage
         self._journal = journal
         self._on_commit = on_commit
@@ -73,6 +74,7 @@ class Streamer:
             log.error("checkpoint_unusable", tag=tag, step=step, error=str(exc))
             return False
         await self._journal.staged(tag, step, source, snap.files)
+        await asyncio.to_thread(_ack, self.acks, tag)
         log.info(
             "checkpoint_staged", tag=tag, step=step, files=len(snap.files),
             bytes=snap.total_bytes, copied=snap.copied,
@@ -183,3 +185,9 @@ class Streamer:
         if self._on_commit is not None:
             await self._on_commit(manifest)
         return manifest
+
+
+def _ack(acks: Path, tag: str) -> None:
+    """Tell a waiting ``TraindCallback`` that ``tag`` is snapshot (see ``ACK_DIR_ENV``)."""
+    acks.mkdir(parents=True, exist_ok=True)
+    (acks / tag).touch()

@@ -9,6 +9,9 @@ Add ``TraindCallback()`` to the trainer's callbacks. It does two things:
   daemon does not count checkpoint writing as a hang) or ``"done"``.
 - **Completion marker.** After each save it writes ``EXPLICIT_MARKER`` into the new
   ``checkpoint-N`` directory, which the watcher trusts over quiet-period heuristics.
+- **Snapshot handshake.** Under traind (``TRAIND_ACK_DIR`` set) it then waits until the
+  daemon holds a snapshot of that checkpoint — milliseconds — so even
+  ``save_total_limit=1`` cannot rotate a checkpoint away before traind has it.
 
 This module needs transformers (the ``train`` extra); nothing else in traind imports it.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +30,7 @@ from urllib.parse import urlsplit
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from traind.checkpoints.completion import EXPLICIT_MARKER
+from traind.checkpoints.completion import ACK_DIR_ENV, EXPLICIT_MARKER
 
 HEARTBEAT_ENV = "TRAIND_HEARTBEAT"
 """Environment variable naming the heartbeat file; unset means no heartbeat."""
@@ -44,10 +48,16 @@ def _write_atomic(path: Path, payload: dict[str, Any], tmp_dir: Path) -> None:
 class TraindCallback(TrainerCallback):
     """Heartbeat for traind's hang detection and an explicit marker on every finished save."""
 
-    def __init__(self, heartbeat: str | os.PathLike[str] | None = None) -> None:
-        """Use ``heartbeat`` as the heartbeat file, else ``$TRAIND_HEARTBEAT``, else none."""
+    def __init__(
+        self, heartbeat: str | os.PathLike[str] | None = None, ack_timeout: float = 30.0
+    ) -> None:
+        """Use ``heartbeat`` as the heartbeat file, else ``$TRAIND_HEARTBEAT``, else none;
+        wait up to ``ack_timeout`` seconds per save for traind's snapshot (``$TRAIND_ACK_DIR``)."""
         named = heartbeat if heartbeat is not None else os.environ.get(HEARTBEAT_ENV)
         self.heartbeat = Path(named) if named else None
+        acks = os.environ.get(ACK_DIR_ENV)
+        self.ack_dir = Path(acks) if acks else None
+        self.ack_timeout = ack_timeout
 
     def beat(self, state: TrainerState, phase: Phase) -> None:
         """Write the heartbeat file (local main process only; one trainer per daemon)."""
@@ -108,7 +118,26 @@ class TraindCallback(TrainerCallback):
             if checkpoint.is_dir():
                 payload = {"step": state.global_step, "time": time.time()}
                 _write_atomic(checkpoint / EXPLICIT_MARKER, payload, run_dir)
+                self.wait_for_snapshot(checkpoint.name)
         self.beat(state, "training")
+
+    def wait_for_snapshot(self, tag: str) -> None:
+        """Under traind, block until the daemon holds a snapshot of ``tag`` (milliseconds),
+        so the next saves cannot rotate it away first. Gives up after ``ack_timeout`` and
+        then stops waiting for the rest of the run (traind is not keeping up or not there)."""
+        if self.ack_dir is None:
+            return
+        deadline = time.monotonic() + self.ack_timeout
+        while not (self.ack_dir / tag).exists():
+            if time.monotonic() > deadline:
+                warnings.warn(
+                    f"traind did not snapshot {tag} within {self.ack_timeout:.0f}s; "
+                    "no longer waiting for it after saves",
+                    stacklevel=2,
+                )
+                self.ack_dir = None
+                return
+            time.sleep(0.005)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -46,6 +46,7 @@ class Supervisor:
         needs = [*self.services, *([self.vllm] if self.vllm else [])]
         self.trainer = (
             TrainerRunner(trainer, heartbeat=state_dir / "trainer.heartbeat",
+                          ack_dir=state_dir / "acks",
                           resume_from=resume_from, needs=needs, vllm=self.vllm, **kw)
             if trainer is not None else None
         )

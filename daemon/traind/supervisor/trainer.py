@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from traind.checkpoints.completion import ACK_DIR_ENV
 from traind.config import TrainerConfig
 from traind.errors import SupervisorError
 from traind.supervisor.policy import Role
@@ -70,6 +71,7 @@ class TrainerRunner(ChildRunner):
         *,
         log_dir: Path,
         heartbeat: Path,
+        ack_dir: Path,
         resume_from: ResumeFrom | None = None,
         needs: Sequence[ChildRunner] = (),
         vllm: VLLMRunner | None = None,
@@ -78,6 +80,7 @@ class TrainerRunner(ChildRunner):
         super().__init__("trainer", config, Role.TRAINER, log_dir=log_dir, **kw)
         self.trainer = config
         self.heartbeat = heartbeat
+        self.ack_dir = ack_dir
         self._resume_from = resume_from
         self._needs = needs
         self._vllm = vllm
@@ -101,7 +104,7 @@ class TrainerRunner(ChildRunner):
             self._vllm_generation = self._vllm.starts
         checkpoint = await self._checkpoint()
         await asyncio.to_thread(_clear_heartbeat, self.heartbeat)
-        env = {"TRAIND_HEARTBEAT": str(self.heartbeat)}
+        env = {"TRAIND_HEARTBEAT": str(self.heartbeat), ACK_DIR_ENV: str(self.ack_dir)}
         if checkpoint is not None:
             env["TRAIND_RESUME_FROM"] = str(checkpoint)
         self._log.info("trainer_launch", resume_from=str(checkpoint) if checkpoint else None,

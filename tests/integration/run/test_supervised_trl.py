@@ -92,3 +92,18 @@ def test_fresh_host_restores_then_resumes(tmp_path: Path) -> None:
     assert names.index("checkpoint_restored") < names.index("supervisor_starting")
     assert starts(second) == [str(out / "checkpoint-3")]
     assert final_step(out) == 5
+
+
+def test_save_total_limit_one_loses_nothing(tmp_path: Path) -> None:
+    """With save_total_limit=1 the trainer deletes each checkpoint at the next save; the
+    callback's snapshot handshake still gets every one of them committed."""
+    out = tmp_path / "out"
+    extra = trainer_section(out, max_steps=5, save_total_limit=1)
+    out, store, cfg = setup(tmp_path, extra=extra)
+    daemon = DaemonProcess(cfg)
+    try:
+        assert daemon.proc.wait(timeout=240) == 0, "".join(daemon.raw[-30:])
+    finally:
+        daemon.kill()
+    assert sorted(stored(store, "exp")) == [f"checkpoint-{n}" for n in range(1, 6)]
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-5"]
