@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.fake_vllm import free_port
+from tests.support.net import free_port
 
 Event = dict[str, Any]
 

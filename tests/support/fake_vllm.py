@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -111,12 +110,6 @@ def main(argv: list[str] | None = None) -> None:
 
 # --- helpers for tests -------------------------------------------------------------------
 
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def command(port: int, *flags: str) -> tuple[str, ...]:

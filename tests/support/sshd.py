@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.net import free_port
+
 HOST = "127.0.0.1"
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
                 "/usr/libexec/sftp-server")
@@ -42,13 +44,6 @@ def keygen(path: Path) -> KeyPair:
     )
     return KeyPair(path, path.with_name(path.name + ".pub").read_text().strip())
 
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class SSHServer:

@@ -16,8 +16,7 @@ from typing import Any
 
 import structlog
 
-from traind import logs as logging_setup
-from traind.errors import ConfigError, TraindError
+from traind.errors import TraindError
 from traind.launch import config as launch_config
 from traind.launch import flow, manage
 from traind.launch.handles import LaunchRecord, LaunchStore
@@ -173,26 +172,3 @@ def _table(facts: dict[str, Any]) -> str:
 
 def _print(line: str) -> None:
     print(line, flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m traind.launch.cli launch ...``: the same as ``traind launch ...``."""
-    parser = argparse.ArgumentParser(prog="traind")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_launch_parser(sub)
-    args = parser.parse_args(argv)
-    logging_setup.configure(sys.stderr)
-    try:
-        return asyncio.run(handle(args))
-    except ConfigError as exc:
-        print(f"traind: invalid configuration {exc}", file=sys.stderr)
-        return 2
-    except TraindError as exc:
-        print(f"traind: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,11 +32,11 @@ pytestmark = pytest.mark.timeout(240)
 
 
 class Launcher:
-    """``python -m traind.launch.cli launch ...`` in its own process group; output collected."""
+    """``python -m traind launch ...`` in its own process group; output collected."""
 
     def __init__(self, *args: str, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "traind.launch.cli", "launch", *args],
+            [sys.executable, "-m", "traind", "launch", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             start_new_session=True,
         )

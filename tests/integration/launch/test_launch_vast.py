@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 from tests.support.fake_vast import API_KEY, FakeVast, RunningFakeVast
+from tests.support.net import free_port
 from tests.support.requires import need_binary
-from tests.support.sshd import SSHServer, free_port, keygen
+from tests.support.sshd import SSHServer, keygen
 
 from traind.launch import flow, manage
 from traind.launch.base import Constraints, HostState

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.net import free_port
 
 from traind.errors import TraindError
 from traind.status import model
@@ -30,21 +31,39 @@ NOW = 1_700_000_000.0
 def sample() -> model.StatusSnapshot:
     """A daemon mid-run: two children, an upload at 48%, two committed checkpoints."""
     return model.snapshot(
-        run="grpo-qwen", state="running", started=NOW - 3600, backend="local:/mnt/ckpt",
+        run="grpo-qwen",
+        state="running",
+        started=NOW - 3600,
+        backend="local:/mnt/ckpt",
         children=[
-            model.ChildInfo(name="vllm", state="RUNNING", pid=4100, uptime=3590.0, restarts=0,
-                            last_exit=None),
-            model.ChildInfo(name="trainer", state="BACKOFF", pid=None, uptime=0.0, restarts=2,
-                            last_exit=-9),
+            model.ChildInfo(
+                name="vllm", state="RUNNING", pid=4100, uptime=3590.0, restarts=0, last_exit=None
+            ),
+            model.ChildInfo(
+                name="trainer", state="BACKOFF", pid=None, uptime=0.0, restarts=2, last_exit=-9
+            ),
         ],
-        queued=1, tracked=2,
-        upload=model.UploadInfo(tag="checkpoint-400", bytes_done=int(1.2 * GiB),
-                                bytes_total=int(2.5 * GiB), rate=180e6, eta=7.4),
-        committed=[model.committed_info("checkpoint-300", 300, int(2.5 * GiB), NOW - 600),
-                   model.committed_info("checkpoint-200", 200, int(2.5 * GiB), NOW - 1200)],
+        queued=1,
+        tracked=2,
+        upload=model.UploadInfo(
+            tag="checkpoint-400",
+            bytes_done=int(1.2 * GiB),
+            bytes_total=int(2.5 * GiB),
+            rate=180e6,
+            eta=7.4,
+        ),
+        committed=[
+            model.committed_info("checkpoint-300", 300, int(2.5 * GiB), NOW - 600),
+            model.committed_info("checkpoint-200", 200, int(2.5 * GiB), NOW - 1200),
+        ],
         next_prune=NOW + 240,
-        errors=[model.ErrorInfo(time=NOW - 30, event="checkpoint_upload_failed",
-                                message="tag=checkpoint-400 error=timeout")],
+        errors=[
+            model.ErrorInfo(
+                time=NOW - 30,
+                event="checkpoint_upload_failed",
+                message="tag=checkpoint-400 error=timeout",
+            )
+        ],
         now=NOW,
     )
 
@@ -62,13 +81,6 @@ def recorded() -> Metrics:
     metrics.set_queue_depth(lambda: 3)
     clock[0] = NOW + 90
     return metrics
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def get(url: str, unix: Path | None = None) -> tuple[int, str, str]:
@@ -176,6 +188,7 @@ async def test_port_in_use_is_a_clear_error() -> None:
 
 async def test_broken_snapshot_is_a_500_not_a_dead_server() -> None:
     """A snapshot that raises gives 500 with the error; the server keeps serving."""
+
     def broken() -> dict[str, Any]:
         raise KeyError("children")
 
@@ -248,8 +261,9 @@ async def test_daemon_not_running(
 
 def test_render_idle_daemon() -> None:
     """A daemon with no children, no upload and nothing committed still reads well."""
-    text = render(model.snapshot(run="r", state="starting", started=NOW, backend="memory",
-                                 now=NOW), now=NOW)
+    text = render(
+        model.snapshot(run="r", state="starting", started=NOW, backend="memory", now=NOW), now=NOW
+    )
     assert "children   none" in text
     assert "upload     idle" in text
     assert "committed  none yet" in text
@@ -289,7 +303,10 @@ def test_parse_listen_rejects(listen: str) -> None:
 def test_durations() -> None:
     """Durations are compact and exact to the second."""
     assert [duration(s) for s in (7, 245, 3600 + 12 * 60, 2 * 86400 + 3600)] == [
-        "7s", "4m05s", "1h12m", "2d1h"
+        "7s",
+        "4m05s",
+        "1h12m",
+        "2d1h",
     ]
 
 
@@ -297,11 +314,13 @@ def test_recent_errors_from_log_events() -> None:
     """The structlog processor keeps error events with their fields, newest last, bounded."""
     recent = model.RecentErrors(size=2)
     for i in range(3):
-        recent.processor(None, "error", {"event": "prune_failed", "error": f"e{i}",
-                                         "timestamp": "t"})
+        recent.processor(
+            None, "error", {"event": "prune_failed", "error": f"e{i}", "timestamp": "t"}
+        )
     recent.processor(None, "info", {"event": "checkpoint_committed"})
     assert [(e["event"], e["message"]) for e in recent.items()] == [
-        ("prune_failed", "error=e1"), ("prune_failed", "error=e2")
+        ("prune_failed", "error=e1"),
+        ("prune_failed", "error=e2"),
     ]
 
 
@@ -322,6 +341,7 @@ def test_child_info_from_runner_status() -> None:
     running = _Child("vllm", "RUNNING", 42, 0, None, NOW - 50)
     exited = _Child("trainer", "EXITED", None, 2, 1, NOW - 50)
     assert model.child_info(running, now=NOW) == model.ChildInfo(
-        name="vllm", state="RUNNING", pid=42, uptime=50.0, restarts=0, last_exit=None)
+        name="vllm", state="RUNNING", pid=42, uptime=50.0, restarts=0, last_exit=None
+    )
     assert model.child_info(exited, now=NOW)["uptime"] == 0.0
     assert model.child_info(exited, now=NOW)["last_exit"] == 1

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
+from tests.support.net import free_port
 from tests.support.requires import need_binary
-from tests.support.sshd import SSHServer, free_port, keygen
+from tests.support.sshd import SSHServer, keygen
 
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.manifest import Manifest, verify

@@ -10,7 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from tests.support.fake_vllm import command, free_port
+from tests.support.fake_vllm import command
+from tests.support.net import free_port
 
 from traind.config import ChildConfig, HealthConfig
 from traind.errors import SupervisorError

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.fake_vllm import command, free_port, pids_in, wait_gone
+from tests.support.fake_vllm import command, pids_in, wait_gone
+from tests.support.net import free_port
 
 from traind.config import ServiceConfig, TrainerConfig, VLLMConfig
 from traind.supervisor.process import State

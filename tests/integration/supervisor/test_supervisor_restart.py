@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from tests.support.fake_vllm import command, free_port, pids_in, wait_gone
+from tests.support.fake_vllm import command, pids_in, wait_gone
+from tests.support.net import free_port
 
 from traind.config import VLLMConfig
 from traind.supervisor.process import State

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
-from tests.support.fake_vllm import command, free_port, wait_gone
+from tests.support.fake_vllm import command, wait_gone
+from tests.support.net import free_port
 
 from traind.config import TrainerConfig, VLLMConfig
 from traind.supervisor.process import State
@@ -144,7 +145,8 @@ async def test_hang_without_heartbeat_uses_first_progress_timeout(tmp_path: Path
     then stopped and restarted."""
     config = trainer(tmp_path, "print-then-stall", progress_timeout=0.2,
                      first_progress_timeout=0.5, restart=FAST | {"max_restarts": 1})
-    runner = TrainerRunner(config, log_dir=tmp_path, heartbeat=tmp_path / "hb")
+    runner = TrainerRunner(config, log_dir=tmp_path, heartbeat=tmp_path / "hb",
+                           ack_dir=tmp_path / "acks")
     with capture_logs() as logs:
         async with asyncio.timeout(20):
             assert await runner.run() == "fatal"
@@ -161,7 +163,8 @@ async def test_hang_after_heartbeat_stops(tmp_path: Path, phase: str, limit: flo
     (first_progress_timeout while the last heartbeat said "saving")."""
     config = trainer(tmp_path, f"beat-then-stall:{phase}", progress_timeout=0.3,
                      first_progress_timeout=0.8, restart=FAST | {"policy": "never"})
-    runner = TrainerRunner(config, log_dir=tmp_path, heartbeat=tmp_path / "state" / "hb")
+    runner = TrainerRunner(config, log_dir=tmp_path, heartbeat=tmp_path / "state" / "hb",
+                           ack_dir=tmp_path / "acks")
     started = time.monotonic()
     with capture_logs() as logs:
         async with asyncio.timeout(20):
@@ -176,7 +179,8 @@ async def test_notify_progress_keeps_trainer_alive(tmp_path: Path) -> None:
     """notify_progress() (new checkpoints) counts as progress for a silent trainer."""
     config = trainer(tmp_path, "print-then-stall", progress_timeout=0.3,
                      first_progress_timeout=0.3)
-    runner = TrainerRunner(config, log_dir=tmp_path, heartbeat=tmp_path / "hb")
+    runner = TrainerRunner(config, log_dir=tmp_path, heartbeat=tmp_path / "hb",
+                           ack_dir=tmp_path / "acks")
     task = asyncio.create_task(runner.run())
     try:
         async with asyncio.timeout(10):
@@ -200,7 +204,7 @@ async def test_failing_resume_lookup_is_a_failed_start(tmp_path: Path) -> None:
 
     config = trainer(tmp_path, "crash-once", restart=FAST | {"max_restarts": 1})
     runner = TrainerRunner(config, log_dir=tmp_path, heartbeat=tmp_path / "hb",
-                           resume_from=broken)
+                           ack_dir=tmp_path / "acks", resume_from=broken)
     with capture_logs() as logs:
         async with asyncio.timeout(10):
             assert await runner.run() == "fatal"
