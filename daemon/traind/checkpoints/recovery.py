@@ -80,6 +80,10 @@ async def recover(streamer: Streamer, journal: Journal, manifests: list[Manifest
     # Acks belong to the trainer this daemon is about to start; stale ones would let it
     # rotate a checkpoint away before it is snapshot.
     await asyncio.to_thread(shutil.rmtree, streamer.acks, True)
+    states = [state for _, _, state in await journal.resume_states()]
+    removed = await streamer.storage.cleanup(states)
+    if removed:
+        log.info("store_leftovers_removed", count=removed, backend=streamer.storage.describe)
     return tracked
 
 

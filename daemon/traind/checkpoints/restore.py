@@ -18,6 +18,7 @@ from traind.checkpoints.manifest import Manifest, verify
 from traind.errors import NotFoundError, StorageError
 from traind.progress import Progress
 from traind.storage.base import Storage
+from traind.storage.fileio import fsync_dir
 
 log = structlog.get_logger("traind.restore")
 
@@ -56,7 +57,9 @@ async def restore(
         hashes = await storage.download(manifest, tmp, progress.advance)
         sizes = await asyncio.to_thread(_sizes, tmp, [f.path for f in manifest.files])
         verify(manifest, {p: (sizes[p], h) for p, h in hashes.items() if p in sizes})
+        await asyncio.to_thread(_make_durable, tmp, [f.path for f in manifest.files])
         await asyncio.to_thread(os.rename, tmp, dest)
+        await asyncio.to_thread(fsync_dir, parent)
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, tmp, True)
         raise
@@ -72,3 +75,15 @@ async def restore(
 
 def _sizes(root: Path, paths: list[str]) -> dict[str, int]:
     return {p: (root / p).stat().st_size for p in paths if (root / p).is_file()}
+
+
+def _make_durable(root: Path, paths: list[str]) -> None:
+    """fsync every restored file and directory, so the rename publishes data on disk: a
+    power cut after it must not leave a damaged checkpoint that looks restored."""
+    dirs = {root}
+    for p in paths:
+        with open(root / p, "rb") as f:
+            os.fsync(f.fileno())
+        dirs.update(parent for parent in (root / p).parents if parent.is_relative_to(root))
+    for d in dirs:
+        fsync_dir(d)

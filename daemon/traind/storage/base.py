@@ -7,7 +7,7 @@ does: ``manifests()`` lists manifests only, ``delete()`` removes the manifest fi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -73,6 +73,12 @@ class Storage(Protocol):
 
     async def probe(self) -> None:
         """Check the store is reachable and writable; raise StorageError saying what fails."""
+
+    async def cleanup(self, resume_states: Collection[str]) -> int:
+        """Remove what interrupted uploads left in the store that none of ``resume_states``
+        (the journal's, opaque) can continue — S3's abandoned multipart uploads, say;
+        return how many things were removed."""
+        ...
 
     async def aclose(self) -> None:
         """Release connections."""

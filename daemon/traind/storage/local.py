@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -19,6 +19,7 @@ from traind.errors import IntegrityError, StorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.fileio import copy_hashed, fsync_dir
 from traind.storage.keys import MANIFEST_NAME, check_relpath, check_tag
+from traind.storage.tasks import task_group
 
 PART_SUFFIX = ".traind-part"
 P = ParamSpec("P")
@@ -48,7 +49,7 @@ class LocalBackend:
                 _, sha = await _io(_store_file, root / f.path, target, session.advance)
                 await session.file_done(f.path, sha)
 
-        async with asyncio.TaskGroup() as tg:
+        async with task_group() as tg:
             for f in files:
                 tg.create_task(one(f))
 
@@ -80,7 +81,7 @@ class LocalBackend:
                 await _io(target.parent.mkdir, parents=True, exist_ok=True)
                 _, hashes[path] = await _io(copy_hashed, src / path, target, advance)
 
-        async with asyncio.TaskGroup() as tg:
+        async with task_group() as tg:
             for entry in manifest.files:
                 tg.create_task(one(entry.path))
         return hashes
@@ -103,6 +104,10 @@ class LocalBackend:
         probe.parent.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"ok")
         probe.unlink()
+
+    async def cleanup(self, resume_states: Collection[str]) -> int:
+        # Partial files are rewritten by the next upload of their checkpoint.
+        return 0
 
     async def aclose(self) -> None:
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from traind.checkpoints.manifest import Manifest
@@ -59,6 +59,10 @@ class MemoryBackend:
 
     async def probe(self) -> None:
         return None
+
+    async def cleanup(self, resume_states: Collection[str]) -> int:
+        # Partial files are rewritten by the next upload of their checkpoint.
+        return 0
 
     async def aclose(self) -> None:
         return None

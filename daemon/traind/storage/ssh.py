@@ -15,16 +15,14 @@ import contextlib
 import posixpath
 import secrets
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
 
 import asyncssh
 import structlog
 
 from traind.checkpoints.manifest import Manifest
 from traind.config import SSHStorage
-from traind.errors import StorageError, TransientStorageError
 from traind.storage import ssh_rsync
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.keys import MANIFEST_NAME, check_component, check_relpath, check_tag
@@ -39,6 +37,7 @@ from traind.storage.ssh_sftp import (
     remove,
     write_bytes,
 )
+from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.ssh")
 
@@ -85,7 +84,9 @@ class SSHBackend:
                     )
                 await session.file_done(f.path, sha)
 
-            await _all(one(f) for f in files)
+            async with task_group() as tg:
+                for f in files:
+                    tg.create_task(one(f))
         seconds = time.monotonic() - started
         nbytes = sum(f.size for f in files)
         log.info(
@@ -134,7 +135,9 @@ class SSHBackend:
                     lambda sftp: get_file(sftp, remote[path], dest / path, advance),
                 )
 
-        await _all(one(path) for path in remote)
+        async with task_group() as tg:
+            for path in remote:
+                tg.create_task(one(path))
         return hashes
 
     async def delete(self, tag: str) -> None:
@@ -169,26 +172,10 @@ class SSHBackend:
         finally:
             conn.abort()
 
+    async def cleanup(self, resume_states: Collection[str]) -> int:
+        """Nothing to do: a partial file is rewritten by the next upload of its checkpoint."""
+        return 0
+
     async def aclose(self) -> None:
         """Close the connections."""
         await self._link.aclose()
-
-
-async def _all(coros: Iterable[Coroutine[Any, Any, None]]) -> None:
-    """Run ``coros`` concurrently; on failure cancel the rest and raise the first error
-    itself (a permanent one before a transient one), not an ExceptionGroup."""
-    try:
-        async with asyncio.TaskGroup() as tg:
-            for coro in coros:
-                tg.create_task(coro)
-    except* StorageError as group:
-        errors = _leaves(group)
-        permanent = [e for e in errors if not isinstance(e, TransientStorageError)]
-        raise (permanent or errors)[0]  # noqa: B904 - keeps its own cause
-
-
-def _leaves(group: BaseExceptionGroup[StorageError]) -> list[StorageError]:
-    found: list[StorageError] = []
-    for exc in group.exceptions:
-        found += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
-    return found

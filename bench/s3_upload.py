@@ -1,0 +1,393 @@
+"""Benchmark: upload and restore a synthetic checkpoint with traind's S3 backend and peer tools.
+
+Starts SeaweedFS on loopback, writes a checkpoint (default 4 GiB: two incompressible
+safetensors shards plus the small json/pt files a transformers checkpoint has), then
+uploads it with each tool into its own bucket and restores it from a traind upload. Every
+tool runs as a child process, measured with ``wait4``: wall time, user+sys CPU seconds per
+GB, peak RSS. Peers that are not installed are listed as unavailable.
+
+    python bench/s3_upload.py --size 1GiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.seaweed import (
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    SeaweedS3,
+    running_seaweed,
+)
+
+from traind.units import parse_size
+
+SMALL_FILES = {
+    "config.json": 700, "generation_config.json": 200, "trainer_state.json": 40_000,
+    "training_args.bin": 5_000, "rng_state.pth": 14_000, "scheduler.pt": 1_100,
+    "tokenizer.json": 7_000_000, "tokenizer_config.json": 7_000, "special_tokens_map.json": 600,
+    "model.safetensors.index.json": 30_000, "optimizer.pt": 900_000,
+}
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+
+@dataclass
+class Result:
+    """One measured run of one tool."""
+
+    tool: str
+    seconds: float
+    cpu: float
+    max_rss_mb: float
+    server_cpu: float
+    nbytes: int
+
+    def row(self) -> str:
+        """A table row: MB/s, client CPU s/GB, peak RSS, server CPU."""
+        gb = self.nbytes / 1e9
+        return (f"| {self.tool:<22} | {self.nbytes / 1e6 / self.seconds:8.1f} | "
+                f"{self.cpu / gb:8.2f} | {self.max_rss_mb:7.0f} | {self.server_cpu / gb:8.2f} |")
+
+
+def make_checkpoint(root: Path, total: int) -> int:
+    """Write the synthetic checkpoint under ``root``; return its size in bytes."""
+    root.mkdir(parents=True, exist_ok=True)
+    small = sum(SMALL_FILES.values())
+    shard = max(0, (total - small) // len(SHARDS))
+    for name, size in SMALL_FILES.items():
+        (root / name).write_bytes(os.urandom(size))
+    for name in SHARDS:
+        with open(root / name, "wb") as f:
+            left = shard
+            while left:
+                n = min(left, 16 * 1024 * 1024)
+                f.write(os.urandom(n))
+                left -= n
+    return small + shard * len(SHARDS)
+
+
+def server_cpu(pid: int) -> float:
+    """User+system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(tool: str, argv: list[str], env: dict[str, str], server: SeaweedS3,
+            nbytes: int) -> Result:
+    """Run ``argv`` as a child and measure it; raise if it fails."""
+    assert server.proc is not None
+    # Dirty pages left by the previous tool would be written back during this one.
+    os.sync()
+    time.sleep(1)
+    before = server_cpu(server.proc.pid)
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Peak RSS from VmHWM of the exec'd image: ru_maxrss would also count the memory of
+    # this (forked) parent before the exec.
+    peak_kb = 0
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        peak_kb = max(peak_kb, _vm_hwm_kb(proc.pid))
+        time.sleep(0.05)
+    seconds = time.monotonic() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tool} failed ({proc.returncode}): {err[-2000:]}")
+    return Result(tool, seconds, usage.ru_utime + usage.ru_stime, peak_kb / 1024,
+                  server_cpu(server.proc.pid) - before, nbytes)
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    """The peak resident set of ``pid`` in KiB (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def peer_env() -> dict[str, str]:
+    """The environment peers read credentials from (a CA bundle is moot on loopback http and
+    makes rclone 1.60 fail)."""
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+               AWS_DEFAULT_REGION=REGION, AWS_REGION=REGION)
+    env.pop("AWS_CA_BUNDLE", None)
+    return env
+
+
+def rclone_remote(endpoint: str) -> str:
+    """An on-the-fly rclone remote for the server."""
+    return (f":s3,provider=Other,endpoint='{endpoint}',access_key_id={ACCESS_KEY},"
+            f"secret_access_key={SECRET_KEY},region={REGION}:")
+
+
+def upload_commands(src: Path, endpoint: str, bucket: str) -> dict[str, list[str] | None]:
+    """Per tool, the command that uploads ``src`` to ``bucket`` (None: not installed)."""
+    me = [sys.executable, __file__]
+    cmds: dict[str, list[str] | None] = {
+        "traind": [*me, "_traind_upload", endpoint, bucket, str(src)],
+        "boto3 upload_file": [*me, "_boto3_upload", endpoint, bucket, str(src)],
+        "aws s3 cp --recursive": None,
+        "s5cmd": None,
+        "rclone": None,
+    }
+    if shutil.which("aws"):
+        cmds["aws s3 cp --recursive"] = ["aws", "--endpoint-url", endpoint, "s3", "cp",
+                                         "--recursive", "--only-show-errors", str(src),
+                                         f"s3://{bucket}/ck/"]
+    if shutil.which("s5cmd"):
+        cmds["s5cmd"] = ["s5cmd", "--endpoint-url", endpoint, "cp", f"{src}/*",
+                         f"s3://{bucket}/ck/"]
+    if shutil.which("rclone"):
+        cmds["rclone"] = ["rclone", "copy", "--s3-no-check-bucket", str(src),
+                          f"{rclone_remote(endpoint)}{bucket}/ck"]
+    return cmds
+
+
+def download_commands(dest: Path, endpoint: str, bucket: str) -> dict[str, list[str] | None]:
+    """Per tool, the command that restores the traind upload in ``bucket`` to ``dest``."""
+    me = [sys.executable, __file__]
+    prefix = f"s3://{bucket}/bench/run/checkpoint-1/"
+    cmds: dict[str, list[str] | None] = {
+        "traind (sha256 verified)": [*me, "_traind_download", endpoint, bucket, str(dest)],
+        "s5cmd": None,
+        "aws s3 cp --recursive": None,
+        "rclone": None,
+    }
+    if shutil.which("s5cmd"):
+        cmds["s5cmd"] = ["s5cmd", "--endpoint-url", endpoint, "cp", f"{prefix}*", f"{dest}/"]
+    if shutil.which("aws"):
+        cmds["aws s3 cp --recursive"] = ["aws", "--endpoint-url", endpoint, "s3", "cp",
+                                         "--recursive", "--only-show-errors", prefix, str(dest)]
+    if shutil.which("rclone"):
+        cmds["rclone"] = ["rclone", "copy", f"{rclone_remote(endpoint)}{bucket}/bench/run/"
+                          "checkpoint-1", str(dest)]
+    return cmds
+
+
+def run_tools(
+    title: str,
+    commands: Callable[[str], dict[str, list[str] | None]],
+    server: SeaweedS3,
+    nbytes: int,
+    before_each: Callable[[str], None],
+    after_each: Callable[[str], None],
+    repeat: int,
+) -> list[Result]:
+    """Measure each installed tool ``repeat`` times in interleaved rounds (so no tool always
+    runs first, on cold memory), keeping its fastest run; ``commands(tool)`` builds the
+    command lines after ``before_each(tool)`` ran."""
+    available = [tool for tool, argv in commands("").items() if argv is not None]
+    missing = [tool for tool, argv in commands("").items() if argv is None]
+    runs: dict[str, list[Result]] = {tool: [] for tool in available}
+    for _ in range(repeat):
+        for tool in available:
+            before_each(tool)
+            try:
+                argv = commands(tool)[tool]
+                assert argv is not None
+                runs[tool].append(measure(tool, argv, peer_env(), server, nbytes))
+            finally:
+                after_each(tool)
+            print(f"  {title}: {tool} done in {runs[tool][-1].seconds:.1f}s", file=sys.stderr)
+    results = [min(runs[tool], key=lambda r: r.seconds) for tool in available]
+    print(f"\n### {title} ({nbytes / 2**30:.2f} GiB, fastest of {repeat})\n")
+    print("| tool                   |     MB/s | CPU s/GB | RSS MB | server CPU s/GB |")
+    print("|------------------------|---------:|---------:|-------:|----------------:|")
+    for r in results:
+        print(r.row())
+    if missing:
+        print(f"\nunavailable (not installed): {', '.join(missing)}")
+    return results
+
+
+def verdict(upload: list[Result], restore: list[Result]) -> None:
+    """Print how traind compares with the targets of the issue."""
+    def rate(r: Result) -> float:
+        return r.nbytes / r.seconds
+
+    ours = next(r for r in upload if r.tool == "traind")
+    peers = [r for r in upload if r.tool != "traind"]
+    print("\n### targets\n")
+    if peers:
+        best = max(peers, key=rate)
+        thriftiest = min(peers, key=lambda r: r.cpu)
+        print(f"- upload speed: {rate(ours) / rate(best):.2f}x best peer ({best.tool}); "
+              "target >= 1.1x")
+        print(f"- upload CPU/GB: {ours.cpu / ours.nbytes * 1e9:.2f} vs best peer "
+              f"{thriftiest.cpu / thriftiest.nbytes * 1e9:.2f} ({thriftiest.tool}); "
+              "target <= best peer")
+    print(f"- upload peak RSS: {ours.max_rss_mb:.0f} MB; target <= 200 MB")
+    restore_ours = next(r for r in restore if r.tool.startswith("traind"))
+    s5 = next((r for r in restore if r.tool == "s5cmd"), None)
+    if s5:
+        print(f"- restore speed: {rate(restore_ours) / rate(s5):.2f}x s5cmd; target >= 0.8x")
+
+
+def main() -> None:
+    """Parse arguments and run the benchmark."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--size", default="4GiB", help="checkpoint size (default 4GiB)")
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per tool; the fastest counts")
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="traind-bench-"))
+    try:
+        src = work / "checkpoint-1"
+        nbytes = make_checkpoint(src, parse_size(args.size))
+        with running_seaweed(shutil.which("weed") or "weed", work / "seaweed") as server:
+            upload, restore = run_all(server, src, work / "restore", nbytes, args.repeat)
+        verdict(upload, restore)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_all(
+    server: SeaweedS3, src: Path, dest: Path, nbytes: int, repeat: int
+) -> tuple[list[Result], list[Result]]:
+    """Upload with every tool, each into a fresh bucket dropped afterwards (dropping a
+    SeaweedFS bucket frees its volumes), except traind's, which the restores then read."""
+    client = server.client()
+    bucket_of: dict[str, str] = {}
+    kept: dict[str, str] = {}  # the first traind upload stays for the restores
+    numbers = itertools.count()
+
+    def new_bucket(tool: str) -> None:
+        bucket_of[tool] = f"up-{next(numbers)}"
+        client.create_bucket(Bucket=bucket_of[tool])
+
+    def drop_bucket(tool: str) -> None:
+        if tool != "traind" or "traind" in kept:
+            client.delete_bucket(Bucket=bucket_of[tool])
+        else:
+            kept["traind"] = bucket_of[tool]
+
+    def clean_dest(tool: str) -> None:
+        shutil.rmtree(dest, ignore_errors=True)
+
+    try:
+        # Warm the server up (first writes allocate volumes), untimed.
+        client.create_bucket(Bucket="warmup")
+        client.put_object(Bucket="warmup", Key="w", Body=os.urandom(32 * 1024 * 1024))
+        client.delete_bucket(Bucket="warmup")
+        upload = run_tools(
+            "upload",
+            lambda tool: upload_commands(src, server.endpoint, bucket_of.get(tool, "x")),
+            server, nbytes, new_bucket, drop_bucket, repeat,
+        )
+        restore = run_tools(
+            "restore",
+            lambda tool: download_commands(dest, server.endpoint, kept["traind"]),
+            server, nbytes, clean_dest, clean_dest, repeat,
+        )
+    finally:
+        client.close()
+    return upload, restore
+
+
+# -- children: each tool runs in its own process so wait4 measures only it ----------------
+
+
+def _backend(endpoint: str, bucket: str) -> object:
+    from pydantic import SecretStr
+
+    from traind.config import S3Storage
+    from traind.storage.s3 import S3Backend
+
+    config = S3Storage(type="s3", bucket=bucket, prefix="bench", endpoint_url=endpoint,
+                       region=REGION, addressing_style="path",
+                       access_key_id=SecretStr(ACCESS_KEY),
+                       secret_access_key=SecretStr(SECRET_KEY))
+    return S3Backend(config, "run")
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.done: dict[str, str] = {}
+
+    def advance(self, nbytes: int) -> None:
+        pass
+
+    async def file_done(self, path: str, sha256: str) -> None:
+        self.done[path] = sha256
+
+    async def load_state(self, path: str) -> str | None:
+        return None
+
+    async def save_state(self, path: str, state: str) -> None:
+        pass
+
+
+async def _traind_upload(endpoint: str, bucket: str, src: str) -> None:
+    from traind.checkpoints.manifest import FileEntry, Manifest
+    from traind.storage.base import LocalFile
+    from traind.storage.s3 import S3Backend
+
+    root = Path(src)
+    files = [LocalFile(p.name, p.stat().st_size) for p in sorted(root.iterdir())]
+    backend = _backend(endpoint, bucket)
+    assert isinstance(backend, S3Backend)
+    session = _Session()
+    try:
+        await backend.upload("checkpoint-1", root, files, session)
+        entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
+        await backend.commit(Manifest(run="run", tag="checkpoint-1", step=1, files=entries))
+    finally:
+        await backend.aclose()
+
+
+async def _traind_download(endpoint: str, bucket: str, dest: str) -> None:
+    from traind.checkpoints.manifest import verify
+    from traind.storage.s3 import S3Backend
+
+    backend = _backend(endpoint, bucket)
+    assert isinstance(backend, S3Backend)
+    try:
+        (manifest,) = await backend.manifests()
+        hashes = await backend.download(manifest, Path(dest), lambda n: None)
+        verify(manifest, {p: ((Path(dest) / p).stat().st_size, h) for p, h in hashes.items()})
+    finally:
+        await backend.aclose()
+
+
+def _boto3_upload(endpoint: str, bucket: str, src: str) -> None:
+    import boto3  # type: ignore[import-untyped]
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    for path in sorted(Path(src).iterdir()):
+        client.upload_file(str(path), bucket, f"ck/{path.name}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
+        mode, *rest = sys.argv[1:]
+        if mode == "_boto3_upload":
+            _boto3_upload(*rest)
+        else:
+            asyncio.run({"_traind_upload": _traind_upload,
+                         "_traind_download": _traind_download}[mode](*rest))
+        print(json.dumps({"ok": mode}))
+    else:
+        main()

@@ -1,0 +1,244 @@
+"""The S3 backend: AWS S3 and S3-compatible stores (MinIO, R2, SeaweedFS, Ceph RGW, ...).
+
+Objects live at ``<prefix>/<run>/<tag>/<path>``, the manifest at
+``<prefix>/<run>/<tag>/traind-manifest.json``, written last by ``commit``. Large files go
+up as resumable multipart uploads (``s3_upload``), restores use concurrent ranged GETs
+(``s3_download``); errors are retried or translated in ``s3_errors``.
+
+At start-up the daemon should call ``cleanup(keep)`` with the upload ids still in its
+journal (``upload_id_of`` reads them from saved resume state) so that multipart uploads
+abandoned under this run's prefix are aborted rather than billed forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from traind.checkpoints.manifest import Manifest
+from traind.config import S3Storage
+from traind.errors import StorageError
+from traind.storage.base import Advance, LocalFile, UploadSession
+from traind.storage.keys import MANIFEST_NAME, check_relpath, check_tag
+from traind.storage.s3_client import Ops, open_client, target_of
+from traind.storage.s3_download import RANGE_SIZE, fetch_file
+from traind.storage.s3_errors import RetryPolicy, error_code
+from traind.storage.s3_io import BufferPool, TokenBucket
+from traind.storage.s3_upload import Uploader, upload_id_of
+from traind.storage.tasks import task_group
+
+log = structlog.get_logger("traind.s3")
+DELETE_BATCH = 1000
+
+
+class S3Backend:
+    """Checkpoints in ``s3://<bucket>/<prefix>/<run>/<tag>/``; no I/O until first used."""
+
+    def __init__(self, config: S3Storage, run: str) -> None:
+        self._config = config
+        self._run_prefix = f"{config.prefix}/{run}/" if config.prefix else f"{run}/"
+        self._target = target_of(config)
+        self._policy = RetryPolicy(config.retries, cap=config.retry_max_delay)
+        self._stack = contextlib.AsyncExitStack()
+        self._ops: Ops | None = None
+        self._lock = asyncio.Lock()
+        self._bandwidth = TokenBucket(config.max_bandwidth) if config.max_bandwidth else None
+
+    @property
+    def describe(self) -> str:
+        where = f"s3://{self._config.bucket}/{self._run_prefix}"
+        return f"{where} at {self._config.endpoint_url}" if self._config.endpoint_url else where
+
+    async def _client(self) -> Ops:
+        async with self._lock:
+            if self._ops is None:
+                client = await open_client(self._config, self._stack, self._target)
+                self._ops = Ops(client, self._target, self._policy, self._config.read_timeout)
+            return self._ops
+
+    def _key(self, tag: str, path: str | None = None) -> str:
+        return f"{self._run_prefix}{check_tag(tag)}/{check_relpath(path) if path else ''}"
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        ops = await self._client()
+        cfg = self._config
+        uploader = Uploader(
+            ops, BufferPool(cfg.concurrency), self._bandwidth, cfg.part_size,
+            crc=cfg.request_checksum_calculation == "when_supported",
+        )
+        # Bounds files in flight (each holds an open multipart upload); parts are bounded
+        # by the buffer pool, shared by all files.
+        files_in_flight = asyncio.Semaphore(cfg.concurrency)
+        started = time.monotonic()
+
+        async def one(f: LocalFile) -> None:
+            async with files_in_flight:
+                sha = await uploader.file(self._key(tag, f.path), root / f.path, f.path, f.size,
+                                          session)
+            await session.file_done(f.path, sha)
+
+        async with task_group() as tg:
+            for f in files:
+                tg.create_task(one(f))
+        seconds = time.monotonic() - started
+        nbytes = sum(f.size for f in files)
+        log.info("s3_uploaded", tag=tag, files=len(files), bytes=nbytes,
+                 seconds=round(seconds, 3), mb_per_s=round(nbytes / 1e6 / max(seconds, 1e-9), 1))
+
+    async def commit(self, manifest: Manifest) -> None:
+        ops = await self._client()
+        body = manifest.to_json()
+        await ops.call("put_object", self._key(manifest.tag) + MANIFEST_NAME,
+                       body=memoryview(body), ContentType="application/json")
+        log.info("s3_committed", tag=manifest.tag, files=len(manifest.files),
+                 bytes=manifest.total_bytes)
+
+    async def manifests(self) -> list[Manifest]:
+        ops = await self._client()
+        tags: list[str] = []
+        token: str | None = None
+        while True:
+            extra: dict[str, Any] = {"ContinuationToken": token} if token else {}
+            page = await ops.call("list_objects_v2", Prefix=self._run_prefix, Delimiter="/",
+                                  **extra)
+            for common in page.get("CommonPrefixes", []):
+                tags.append(str(common["Prefix"])[len(self._run_prefix):].rstrip("/"))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                break
+        limit = asyncio.Semaphore(self._config.concurrency)
+        found: dict[str, Manifest] = {}
+
+        async def read(tag: str) -> None:
+            async with limit:
+                if (manifest := await self._read_manifest(ops, tag)) is not None:
+                    found[tag] = manifest
+
+        async with task_group() as tg:
+            for tag in tags:
+                tg.create_task(read(tag))
+        return [found[t] for t in sorted(found)]
+
+    async def _read_manifest(self, ops: Ops, tag: str) -> Manifest | None:
+        try:
+            key = self._key(tag) + MANIFEST_NAME
+        except ValueError:
+            return None  # not a directory of ours
+        try:
+            resp = await ops.call("get_object", key)
+            async with resp["Body"] as body:
+                data = await body.read()
+        except StorageError as exc:
+            if error_code(exc.__cause__ or exc) in {"NoSuchKey", "404", "NotFound"}:
+                return None  # an interrupted upload: not a checkpoint
+            raise
+        return Manifest.from_json(data)
+
+    async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
+        ops = await self._client()
+        limit = asyncio.Semaphore(self._config.concurrency)
+        hashes: dict[str, str] = {}
+        started = time.monotonic()
+
+        async def one(path: str, size: int) -> None:
+            hashes[path] = await fetch_file(
+                ops, self._key(manifest.tag, path), dest / check_relpath(path), size,
+                max(RANGE_SIZE, self._config.part_size), limit, advance, self._bandwidth,
+            )
+
+        async with task_group() as tg:
+            for entry in manifest.files:
+                tg.create_task(one(entry.path, entry.size))
+        seconds = time.monotonic() - started
+        log.info("s3_downloaded", tag=manifest.tag, files=len(manifest.files),
+                 bytes=manifest.total_bytes, seconds=round(seconds, 3),
+                 mb_per_s=round(manifest.total_bytes / 1e6 / max(seconds, 1e-9), 1))
+        return hashes
+
+    async def delete(self, tag: str) -> None:
+        ops = await self._client()
+        prefix = self._key(tag)
+        await ops.call("delete_object", prefix + MANIFEST_NAME)
+        deleted = 0
+        while True:
+            # Listing from the start each round: deleted keys drop out of the listing.
+            page = await ops.call("list_objects_v2", Prefix=prefix, MaxKeys=DELETE_BATCH)
+            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            if not keys:
+                break
+            resp = await ops.call("delete_objects", Delete={"Objects": keys, "Quiet": True})
+            if errors := resp.get("Errors"):
+                first = errors[0]
+                raise StorageError(
+                    f"deleting {len(errors)} objects of s3://{self._config.bucket}/{prefix} "
+                    f"failed, first {first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+                )
+            deleted += len(keys)
+        log.info("s3_deleted", tag=tag, objects=deleted)
+
+    async def probe(self) -> None:
+        ops = await self._client()
+        key = f"{self._run_prefix}.traind-probe-{uuid.uuid4().hex}"
+        steps: list[tuple[str, str, str | None, dict[str, Any]]] = [
+            ("head bucket", "head_bucket", None, {}),
+            ("list objects", "list_objects_v2", None, {"Prefix": self._run_prefix, "MaxKeys": 1}),
+            ("write probe object", "put_object", key, {"Body": b"traind probe"}),
+            ("delete probe object", "delete_object", key, {}),
+        ]
+        for what, op, step_key, params in steps:
+            try:
+                await ops.call(op, step_key, **params)
+            except StorageError as exc:
+                if op == "head_bucket" and error_code(exc.__cause__ or exc) in {"400", "403"}:
+                    exc = await self._diagnose(ops) or exc
+                raise type(exc)(f"probe failed at {what}: {exc}") from exc.__cause__
+        log.info("s3_probe_ok", bucket=self._config.bucket, prefix=self._run_prefix)
+
+    async def _diagnose(self, ops: Ops) -> StorageError | None:
+        """HEAD errors have no body; a GET on the bucket says which credential is wrong."""
+        try:
+            await ops.call("list_objects_v2", Prefix=self._run_prefix, MaxKeys=1)
+        except StorageError as exc:
+            return exc
+        return None
+
+    async def cleanup(self, resume_states: Collection[str]) -> int:
+        """Abort multipart uploads under this run's prefix that no saved resume state can
+        continue; return how many."""
+        keep_upload_ids = {uid for state in resume_states if (uid := upload_id_of(state))}
+        ops = await self._client()
+        aborted = 0
+        markers: dict[str, Any] = {}
+        while True:
+            page = await ops.call("list_multipart_uploads", Prefix=self._run_prefix, **markers)
+            for upload in page.get("Uploads", []):
+                if upload["UploadId"] in keep_upload_ids:
+                    continue
+                try:
+                    await ops.call("abort_multipart_upload", upload["Key"],
+                                   UploadId=upload["UploadId"])
+                    aborted += 1
+                except StorageError as exc:
+                    if error_code(exc.__cause__ or exc) != "NoSuchUpload":
+                        raise
+            if not page.get("IsTruncated"):
+                break
+            markers = {"KeyMarker": page["NextKeyMarker"],
+                       "UploadIdMarker": page["NextUploadIdMarker"]}
+        log.info("s3_cleanup", prefix=self._run_prefix, aborted=aborted,
+                 kept=len(keep_upload_ids))
+        return aborted
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            self._ops = None
+            await self._stack.aclose()

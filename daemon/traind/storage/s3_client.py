@@ -1,0 +1,101 @@
+"""The aiobotocore client, built from config, and ``Ops``: one call with retries and translation.
+
+Botocore's own retries are switched off so that every retry goes through one policy and
+one log event; request payloads are not SHA-256 signed (``UNSIGNED-PAYLOAD``), the part's
+CRC32 — computed while reading, off the event loop — guards the bytes in transit instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from aiobotocore.config import AioConfig
+from aiobotocore.session import AioSession
+from botocore import exceptions as bce
+
+from traind.config import S3Storage
+from traind.errors import StorageError
+from traind.storage.s3_errors import RetryPolicy, Target, describe, retrying
+from traind.storage.s3_io import PartBody
+
+_MIN_SEND_RATE = 256 * 1024
+"""Bytes/s below which one request attempt is abandoned as hung (and retried)."""
+
+
+def target_of(config: S3Storage) -> Target:
+    """The secret-free description of where requests go."""
+    if config.access_key_id is not None:
+        creds = "storage.access_key_id/secret_access_key from the config"
+    elif config.profile:
+        creds = f"AWS profile {config.profile!r}"
+    else:
+        creds = "the default AWS credential chain (environment, profile, instance role)"
+    return Target(
+        bucket=config.bucket,
+        endpoint=config.endpoint_url or "AWS S3",
+        region=config.region,
+        credentials=creds,
+    )
+
+
+async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, target: Target) -> Any:
+    """Create the S3 client inside ``stack`` (closed with it); raise StorageError if unusable."""
+    keys: dict[str, str] = {}
+    if config.access_key_id is not None and config.secret_access_key is not None:
+        keys["aws_access_key_id"] = config.access_key_id.get_secret_value()
+        keys["aws_secret_access_key"] = config.secret_access_key.get_secret_value()
+        if config.session_token is not None:
+            keys["aws_session_token"] = config.session_token.get_secret_value()
+    region = config.region or ("us-east-1" if config.endpoint_url else None)
+    aio_config = AioConfig(
+        region_name=region,
+        signature_version="s3v4",
+        s3={"addressing_style": config.addressing_style, "payload_signing_enabled": False},
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        max_pool_connections=config.concurrency + 4,
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+        request_checksum_calculation=config.request_checksum_calculation,
+        response_checksum_validation="when_required",
+        tcp_keepalive=True,
+    )
+    try:
+        session = AioSession(profile=config.profile)
+        manager = session.create_client(
+            "s3", endpoint_url=config.endpoint_url, config=aio_config, **keys
+        )
+        return await stack.enter_async_context(manager)
+    except (bce.BotoCoreError, ValueError) as exc:
+        raise StorageError(describe(exc, "create_client", None, target)) from exc
+
+
+@dataclass
+class Ops:
+    """Calls S3 operations on one bucket with the retry policy and error translation."""
+
+    client: Any
+    target: Target
+    policy: RetryPolicy
+    read_timeout: float
+
+    async def call(
+        self, op: str, key: str | None = None, *, body: memoryview | None = None, **params: Any
+    ) -> dict[str, Any]:
+        """Run ``op`` (a client method name) with ``Bucket``, ``Key`` and ``Body`` filled in."""
+        method = getattr(self.client, op)
+        limit = self.read_timeout * 2 + (len(body) / _MIN_SEND_RATE if body is not None else 0)
+
+        async def attempt() -> dict[str, Any]:
+            kwargs = dict(params, Bucket=self.target.bucket)
+            if key is not None:
+                kwargs["Key"] = key
+            if body is not None:
+                kwargs["Body"] = PartBody(body)
+            async with asyncio.timeout(limit):
+                result: dict[str, Any] = await method(**kwargs)
+            return result
+
+        return await retrying(attempt, op, key, self.target, self.policy)

@@ -1,0 +1,171 @@
+"""S3 failures sorted into "retry" and "give up", translated into traind's errors, retried.
+
+A permanent failure (no such bucket, access denied, a wrong key or secret, an endpoint that
+never answered) raises StorageError at once with a message that names what is wrong. A
+transient one (connection reset, 5xx, throttling, a server restarting) is retried with capped
+exponential backoff and full jitter, then raised as TransientStorageError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import aiohttp
+import structlog
+from botocore import exceptions as bce
+
+from traind.errors import StorageError, TransientStorageError
+
+log = structlog.get_logger("traind.s3")
+T = TypeVar("T")
+
+_THROTTLED = {
+    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+    "TooManyRequests", "TooManyRequestsException", "RequestLimitExceeded",
+    "BandwidthLimitExceeded", "ProvisionedThroughputExceededException",
+}
+_TRANSIENT = _THROTTLED | {
+    "InternalError", "ServiceUnavailable", "RequestTimeout", "RequestTimeoutException",
+    "PriorRequestNotComplete", "OperationAborted", "IncompleteBody",
+}
+
+
+@dataclass
+class Target:
+    """Where requests go, for error messages: never holds a secret."""
+
+    bucket: str
+    endpoint: str
+    region: str | None
+    credentials: str
+    reached: bool = field(default=False)
+    """Set once the endpoint has answered anything: later connection errors are restarts."""
+
+
+def error_code(exc: BaseException) -> str:
+    """The S3 error code of a ClientError (``"404"`` for bodiless HEAD errors), else ``""``."""
+    if isinstance(exc, bce.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _status(exc: bce.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def is_transient(exc: BaseException, target: Target) -> bool:
+    """Whether retrying ``exc`` may succeed."""
+    if isinstance(exc, bce.ClientError):
+        status = _status(exc)
+        return error_code(exc) in _TRANSIENT or status >= 500 or status == 429
+    if isinstance(exc, bce.SSLError | bce.ProxyConnectionError):
+        return False
+    if isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError):
+        return target.reached
+    return isinstance(
+        exc,
+        bce.HTTPClientError | bce.ConnectionError | bce.IncompleteReadError
+        | bce.ChecksumError | aiohttp.ClientError | TimeoutError | ConnectionError,
+    )
+
+
+def describe(exc: BaseException, op: str, key: str | None, target: Target) -> str:
+    """A precise, secret-free sentence saying what failed and, where known, what to fix."""
+    t = target
+    where = f"s3://{t.bucket}/{key}" if key else f"bucket {t.bucket!r}"
+    at = f"at {t.endpoint}"
+    code = error_code(exc)
+    if isinstance(exc, bce.ClientError):
+        status = _status(exc)
+        msg = exc.response.get("Error", {}).get("Message") or ""
+        if code == "NoSuchBucket" or (code in {"404", "NotFound"} and op == "head_bucket"):
+            return f"bucket {t.bucket!r} does not exist {at} (check storage.bucket)"
+        if code == "InvalidAccessKeyId":
+            return f"the access key id is not known {at} (credentials: {t.credentials})"
+        if code == "SignatureDoesNotMatch":
+            return (f"the secret access key does not match the access key id {at} "
+                    f"(credentials: {t.credentials})")
+        if code in {"ExpiredToken", "InvalidToken", "TokenRefreshRequired"}:
+            return f"the session token is expired or invalid {at} (credentials: {t.credentials})"
+        if code in {"AccessDenied", "AllAccessDisabled", "403"}:
+            return (f"access denied for {op} on {where} {at}: the credentials "
+                    f"({t.credentials}) lack permission, or are wrong")
+        if code in {"PermanentRedirect", "AuthorizationHeaderMalformed", "301"}:
+            region = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
+                "x-amz-bucket-region", "another region"
+            )
+            return (f"bucket {t.bucket!r} is in {region}, not in {t.region or 'the default'} "
+                    f"{at} (set storage.region)")
+        if code == "InvalidBucketName":
+            return f"bucket name {t.bucket!r} is not valid {at}"
+        return f"{op} on {where} {at} failed: {code or status} {msg}".rstrip()
+    if isinstance(exc, bce.SSLError):
+        return f"TLS handshake with {t.endpoint} failed: {exc}"
+    if isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError) and not t.reached:
+        return f"cannot reach the S3 endpoint {t.endpoint} (check storage.endpoint_url): {exc}"
+    if isinstance(exc, bce.NoCredentialsError):
+        return ("no AWS credentials found: set storage.access_key_id and "
+                "storage.secret_access_key, storage.profile, or the AWS_* environment")
+    if isinstance(exc, bce.PartialCredentialsError | bce.ProfileNotFound):
+        return f"AWS credentials are incomplete: {exc}"
+    if isinstance(exc, bce.NoRegionError):
+        return "no AWS region configured: set storage.region"
+    return f"{op} on {where} {at} failed: {type(exc).__name__}: {exc}"
+
+
+def translate(exc: BaseException, op: str, key: str | None, target: Target) -> StorageError:
+    """The traind error for ``exc`` (raise it ``from exc``)."""
+    cls = TransientStorageError if is_transient(exc, target) else StorageError
+    return cls(describe(exc, op, key, target))
+
+
+_LIBRARY_ERRORS = (
+    bce.BotoCoreError, bce.ClientError, aiohttp.ClientError, TimeoutError, ConnectionError,
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped exponential backoff with full jitter: ``uniform(0, min(cap, base * 2**n))``."""
+
+    retries: int
+    base: float = 0.2
+    cap: float = 20.0
+
+    def delay(self, attempt: int) -> float:
+        """The pause before retry number ``attempt`` (0-based)."""
+        return random.uniform(self.base, max(self.base, min(self.cap, self.base * 2**attempt)))
+
+
+async def retrying(
+    attempt: Callable[[], Awaitable[T]],
+    op: str,
+    key: str | None,
+    target: Target,
+    policy: RetryPolicy,
+) -> T:
+    """Await ``attempt()`` until it succeeds, a permanent error happens, or retries run out."""
+    for n in range(policy.retries + 1):
+        try:
+            result = await attempt()
+        except _LIBRARY_ERRORS as exc:
+            if isinstance(exc, bce.ClientError):
+                target.reached = True
+            if not is_transient(exc, target):
+                raise StorageError(describe(exc, op, key, target)) from exc
+            if n == policy.retries:
+                raise TransientStorageError(
+                    f"{describe(exc, op, key, target)} (gave up after {n + 1} attempts)"
+                ) from exc
+            pause = policy.delay(n)
+            log.warning("s3_retry", op=op, key=key, attempt=n + 1, delay=round(pause, 2),
+                        error=error_code(exc) or type(exc).__name__)
+            await asyncio.sleep(pause)
+        else:
+            target.reached = True
+            return result
+    raise AssertionError("unreachable")

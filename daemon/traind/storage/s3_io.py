@@ -1,0 +1,142 @@
+"""Moving bytes cheaply: reusable part buffers, a zero-copy request body, a bandwidth cap.
+
+The request body matters on a host whose cores the trainer (and here, the server) needs:
+handing aiohttp one large ``bytes`` makes the 3.11 event loop copy whatever the socket did
+not take at once, which measured ~5x the client CPU of writing the same buffer as 1 MiB
+memoryview slices with back-pressure, as ``PartBody`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import time
+import zlib
+from typing import Any
+
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import Payload
+
+WRITE_SLICE = 1024 * 1024
+
+
+class PartBody(Payload):
+    """A request body over a memoryview, sent in slices without copying.
+
+    It also offers ``read``/``seek``/``tell`` so botocore can measure it and, where a store
+    needs a checksum botocore computes itself, read it.
+    """
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__(view, content_type="application/octet-stream")
+        self._view = view
+        self._pos = 0
+
+    @property
+    def size(self) -> int:
+        return len(self._view)
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytes(self._view).decode(encoding, errors)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        view = self._view
+        for start in range(0, len(view), WRITE_SLICE):
+            await writer.write(view[start : start + WRITE_SLICE])
+
+    async def write_with_length(
+        self, writer: AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        end = len(self._view) if content_length is None else content_length
+        view = self._view[:end]
+        for start in range(0, len(view), WRITE_SLICE):
+            await writer.write(view[start : start + WRITE_SLICE])
+
+    def read(self, amt: int = -1) -> bytes:
+        end = len(self._view) if amt is None or amt < 0 else min(len(self._view), self._pos + amt)
+        chunk = bytes(self._view[self._pos : end])
+        self._pos = end
+        return chunk
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class BufferPool:
+    """At most ``count`` part buffers exist at once; they are reused, not reallocated.
+
+    Reuse matters: a fresh 16 MiB buffer per part costs thousands of page faults.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._slots = asyncio.Semaphore(count)
+        self._free: list[bytearray] = []
+
+    async def acquire(self, size: int) -> bytearray:
+        """Wait for a free slot; return a buffer of at least ``size`` bytes."""
+        await self._slots.acquire()
+        for i, buf in enumerate(self._free):
+            if len(buf) >= size:
+                return self._free.pop(i)
+        if self._free:
+            self._free.pop()
+        return bytearray(max(size, 1))
+
+    def release(self, buf: bytearray) -> None:
+        """Give a buffer back."""
+        self._free.append(buf)
+        self._slots.release()
+
+
+class TokenBucket:
+    """Caps throughput at ``rate`` bytes/s on average, with bursts of up to one second."""
+
+    def __init__(self, rate: int) -> None:
+        self._rate = float(rate)
+        self._tokens = float(rate)
+        self._stamp = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def take(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` may be sent."""
+        async with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self._rate, self._tokens + (now - self._stamp) * self._rate)
+            self._stamp = now
+            self._tokens -= nbytes
+            if self._tokens < 0:
+                await asyncio.sleep(-self._tokens / self._rate)
+
+
+def read_part(
+    fd: int, offset: int, view: memoryview, digest: Any, crc: bool
+) -> str | None:
+    """Fill ``view`` from ``fd`` at ``offset``, feed it to ``digest`` (blocking; in a thread).
+
+    Returns the part's base64 CRC32 when ``crc`` is set (the S3 ``ChecksumCRC32`` form).
+    """
+    filled = 0
+    while filled < len(view):
+        n = os.preadv(fd, [view[filled:]], offset + filled)
+        if n == 0:
+            raise OSError(f"file shrank while reading at offset {offset + filled}")
+        filled += n
+    digest.update(view)
+    if not crc:
+        return None
+    return base64.b64encode(zlib.crc32(view).to_bytes(4, "big")).decode()
+
+
+def new_digest() -> Any:
+    """A fresh sha256 object (typed loosely: hashlib's type is private)."""
+    return hashlib.sha256()

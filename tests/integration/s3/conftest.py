@@ -1,0 +1,127 @@
+"""Fixtures for the S3 backend tests: one real SeaweedFS per session, a fresh bucket per test."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.support.requires import need_binary
+from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
+
+from traind.config import S3Storage
+from traind.storage.base import LocalFile
+from traind.storage.s3 import S3Backend
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="session")
+def weed() -> str:
+    """The ``weed`` executable (skip, or fail under CI, when missing)."""
+    return need_binary("weed")
+
+
+@pytest.fixture(scope="session")
+def s3_server(weed: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """A SeaweedFS shared by the tests that do not stop it."""
+    with running_seaweed(weed, tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+@pytest.fixture
+def own_server(weed: str, tmp_path: Path) -> Iterator[SeaweedS3]:
+    """A SeaweedFS for one test, which may kill and restart it."""
+    with running_seaweed(weed, tmp_path / "seaweed") as server:
+        yield server
+
+
+def s3_config(server: SeaweedS3, bucket: str, **overrides: Any) -> S3Storage:
+    """A config pointing at ``server``; small parts so multipart paths run on small files."""
+    values: dict[str, Any] = {
+        "type": "s3", "bucket": bucket, "prefix": "ckpts", "endpoint_url": server.endpoint,
+        "region": REGION, "addressing_style": "path", "access_key_id": ACCESS_KEY,
+        "secret_access_key": SECRET_KEY, "part_size": 5 * MIB, "concurrency": 4,
+        "retries": 6, "retry_max_delay": 2.0, "connect_timeout": 2.0, "read_timeout": 10.0,
+    }
+    return S3Storage(**(values | overrides))
+
+
+@pytest.fixture
+def bucket(s3_server: SeaweedS3) -> str:
+    """A fresh, empty bucket on the shared server."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[Callable[[S3Storage], S3Backend]]:
+    """Make backends for run ``run1``; all are closed after the test."""
+    made: list[S3Backend] = []
+
+    def make(config: S3Storage, run: str = "run1") -> S3Backend:
+        made.append(S3Backend(config, run))
+        return made[-1]
+
+    yield make
+    for backend in made:
+        await backend.aclose()
+
+
+def make_checkpoint(root: Path, sizes: dict[str, int], seed: int = 0) -> list[LocalFile]:
+    """Write files of incompressible bytes under ``root``; return them as LocalFiles."""
+    rng = random.Random(seed)
+    files = []
+    for rel, size in sizes.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(size))
+        files.append(LocalFile(rel, size))
+    return files
+
+
+class Progress:
+    """An ``advance`` callback that counts bytes and sets ``reached`` past a threshold."""
+
+    def __init__(self, threshold: int = 0) -> None:
+        self.total = 0
+        self.threshold = threshold
+        self.reached = asyncio.Event()
+
+    def __call__(self, nbytes: int) -> None:
+        self.total += nbytes
+        if self.threshold and self.total >= self.threshold:
+            self.reached.set()
+
+
+class RecordingSession:
+    """An in-memory UploadSession that records what the backend reported."""
+
+    def __init__(self, threshold: int = 0) -> None:
+        self.progress = Progress(threshold)
+        self.done: dict[str, str] = {}
+        self.states: dict[str, str] = {}
+
+    @property
+    def advanced(self) -> int:
+        """Bytes reported as sent."""
+        return self.progress.total
+
+    def advance(self, nbytes: int) -> None:
+        self.progress(nbytes)
+
+    async def file_done(self, path: str, sha256: str) -> None:
+        assert path not in self.done, f"file_done twice for {path}"
+        self.done[path] = sha256
+        self.states.pop(path, None)
+
+    async def load_state(self, path: str) -> str | None:
+        return self.states.get(path)
+
+    async def save_state(self, path: str, state: str) -> None:
+        self.states[path] = state

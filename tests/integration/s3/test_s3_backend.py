@@ -1,0 +1,180 @@
+"""The S3 backend against a real SeaweedFS: round trip, multipart, errors, probe, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+from tests.integration.s3.conftest import (
+    MIB,
+    RecordingSession,
+    make_checkpoint,
+    s3_config,
+)
+from tests.support.net import free_ports
+from tests.support.seaweed import READONLY_ACCESS_KEY, READONLY_SECRET_KEY, SeaweedS3
+
+from traind.checkpoints.manifest import FileEntry, Manifest
+from traind.config import S3Storage
+from traind.errors import StorageError, TransientStorageError
+from traind.storage.s3 import S3Backend
+from traind.storage.s3_upload import Resume
+
+pytestmark = pytest.mark.timeout(60)
+Make = Callable[[S3Storage], S3Backend]
+
+
+def manifest_of(tag: str, root: Path, done: dict[str, str]) -> Manifest:
+    """The manifest the streamer would write for what the backend reported."""
+    files = tuple(FileEntry(p, (root / p).stat().st_size, sha) for p, sha in sorted(done.items()))
+    return Manifest(run="run1", tag=tag, step=int(tag.rpartition("-")[2]), files=files)
+
+
+def keys_under(server: SeaweedS3, bucket: str, prefix: str) -> list[str]:
+    """Every object key under ``prefix``."""
+    client = server.client()
+    try:
+        page = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+        return sorted(obj["Key"] for obj in page.get("Contents", []))
+    finally:
+        client.close()
+
+
+async def test_round_trip(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+) -> None:
+    """Upload, commit, list, download and delete keep every byte and the manifest contract."""
+    root = tmp_path / "checkpoint-100"
+    files = make_checkpoint(root, {
+        "model.safetensors": 7 * MIB + 123, "config.json": 300, "sub/optimizer.pt": 40_000,
+        "empty.txt": 0,
+    })
+    backend = backends(s3_config(s3_server, bucket))
+    session = RecordingSession()
+    async with asyncio.timeout(30):
+        await backend.upload("checkpoint-100", root, files, session)
+        assert await backend.manifests() == []  # objects without a manifest are no checkpoint
+        manifest = manifest_of("checkpoint-100", root, session.done)
+        await backend.commit(manifest)
+        listed = await backend.manifests()
+        got = await backend.download(listed[0], tmp_path / "restore", lambda n: None)
+    assert listed == [manifest]
+    assert session.advanced == sum(f.size for f in files)
+    for f in files:
+        data = (root / f.path).read_bytes()
+        assert session.done[f.path] == hashlib.sha256(data).hexdigest()
+        assert got[f.path] == session.done[f.path]
+        assert (tmp_path / "restore" / f.path).read_bytes() == data
+    prefix = "ckpts/run1/checkpoint-100/"
+    assert len(keys_under(s3_server, bucket, prefix)) == len(files) + 1
+    async with asyncio.timeout(10):
+        await backend.delete("checkpoint-100")
+        assert await backend.manifests() == []
+    assert keys_under(s3_server, bucket, prefix) == []
+
+
+async def test_multipart_upload(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+) -> None:
+    """A 20 MiB file goes up as 5 MiB parts and reads back byte for byte, in ranges."""
+    root = tmp_path / "checkpoint-7"
+    files = make_checkpoint(root, {"shard.bin": 20 * MIB + 5})
+    backend = backends(s3_config(s3_server, bucket, part_size="5MiB", concurrency=3))
+    session = RecordingSession()
+    async with asyncio.timeout(30):
+        await backend.upload("checkpoint-7", root, files, session)
+        manifest = manifest_of("checkpoint-7", root, session.done)
+        got = await backend.download(manifest, tmp_path / "out", lambda n: None)
+    client = s3_server.client()
+    head = client.head_object(Bucket=bucket, Key="ckpts/run1/checkpoint-7/shard.bin")
+    client.close()
+    assert head["ETag"].strip('"').endswith("-5")  # 4 full parts and a 5-byte tail
+    assert head["ContentLength"] == 20 * MIB + 5
+    expected = hashlib.sha256((root / "shard.bin").read_bytes()).hexdigest()
+    assert session.done == {"shard.bin": expected} == got
+    assert session.states == {}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"bucket": "no-such-bucket-here"}, "bucket 'no-such-bucket-here' does not exist"),
+        ({"secret_access_key": "wrong-secret"}, "secret access key does not match"),
+        ({"access_key_id": "NOBODY"}, "access key id is not known"),
+    ],
+)
+async def test_permanent_errors_fail_fast(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+    overrides: dict[str, str], message: str,
+) -> None:
+    """A wrong bucket or credential raises StorageError naming the problem, without retries."""
+    files = make_checkpoint(tmp_path, {"a.bin": 1000})
+    backend = backends(s3_config(s3_server, **({"bucket": bucket} | overrides)))
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=message) as info:
+        async with asyncio.timeout(10):
+            await backend.upload("checkpoint-1", tmp_path, files, RecordingSession())
+    assert not isinstance(info.value, TransientStorageError)
+    assert "wrong-secret" not in str(info.value)
+    assert time.monotonic() - started < 3
+
+
+async def test_unreachable_endpoint_fails_fast(backends: Make, tmp_path: Path) -> None:
+    """An endpoint where nothing listens is reported as unreachable at once, not retried."""
+    (port,) = free_ports(1)
+    config = S3Storage(type="s3", bucket="b", endpoint_url=f"http://127.0.0.1:{port}",
+                       region="us-east-1", access_key_id=SecretStr("k"),
+                       secret_access_key=SecretStr("s"))
+    backend = backends(config)
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=f"cannot reach the S3 endpoint http://127.0.0.1:{port}"):
+        async with asyncio.timeout(10):
+            await backend.manifests()
+    assert time.monotonic() - started < 3
+
+
+async def test_probe_reports_the_failing_step(
+    s3_server: SeaweedS3, bucket: str, backends: Make
+) -> None:
+    """probe() passes with write access and names the step that fails otherwise."""
+    async with asyncio.timeout(20):
+        await backends(s3_config(s3_server, bucket)).probe()
+        reader = backends(s3_config(s3_server, bucket, access_key_id=READONLY_ACCESS_KEY,
+                                    secret_access_key=READONLY_SECRET_KEY))
+        with pytest.raises(StorageError, match="probe failed at write probe object: access denied"):
+            await reader.probe()
+        wrong = backends(s3_config(s3_server, bucket, secret_access_key="wrong-secret"))
+        with pytest.raises(StorageError, match="probe failed at head bucket: the secret access"):
+            await wrong.probe()
+        missing = backends(s3_config(s3_server, "missing-bucket"))
+        with pytest.raises(StorageError, match="probe failed at head bucket: bucket 'missing"):
+            await missing.probe()
+    assert keys_under(s3_server, bucket, "") == []
+
+
+async def test_cleanup_aborts_abandoned_uploads(
+    s3_server: SeaweedS3, bucket: str, backends: Make
+) -> None:
+    """cleanup() aborts our run's multipart uploads except those kept, and nobody else's."""
+    client = s3_server.client()
+    try:
+        def start(key: str) -> str:
+            return str(client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"])
+
+        kept = start("ckpts/run1/checkpoint-5/a.bin")
+        start("ckpts/run1/checkpoint-4/a.bin")
+        start("ckpts/run1/checkpoint-4/b.bin")
+        other = start("ckpts/run2/checkpoint-4/a.bin")
+        async with asyncio.timeout(20):
+            state = Resume(kept, "ckpts/run1/checkpoint-5/a.bin", 1, 1, 5 * MIB, crc=False)
+            aborted = await backends(s3_config(s3_server, bucket)).cleanup([state.to_json()])
+        left = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    finally:
+        client.close()
+    assert aborted == 2
+    assert sorted(u["UploadId"] for u in left) == sorted([kept, other])
