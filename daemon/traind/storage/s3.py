@@ -5,9 +5,9 @@ Objects live at ``<prefix>/<run>/<tag>/<path>``, the manifest at
 up as resumable multipart uploads (``s3_upload``), restores use concurrent ranged GETs
 (``s3_download``); errors are retried or translated in ``s3_errors``.
 
-At start-up the daemon should call ``cleanup(keep)`` with the upload ids still in its
-journal (``upload_id_of`` reads them from saved resume state) so that multipart uploads
-abandoned under this run's prefix are aborted rather than billed forever.
+At start-up the daemon calls ``cleanup`` with the journal's resume states: multipart
+uploads under this run's prefix that none of them can continue are aborted rather than
+billed forever.
 """
 
 from __future__ import annotations
