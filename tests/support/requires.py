@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 
-def _missing(reason: str) -> None:
+def missing(reason: str) -> None:
+    """Skip the test with ``reason`` locally; fail it under CI, where nothing may skip."""
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"required under CI but missing: {reason}", pytrace=False)
     pytest.skip(reason)
@@ -18,7 +19,7 @@ def _missing(reason: str) -> None:
 def need_module(name: str) -> None:
     """Skip (or fail under CI) unless the Python module ``name`` can be imported."""
     if importlib.util.find_spec(name) is None:
-        _missing(f"python module {name!r} is not installed")
+        missing(f"python module {name!r} is not installed")
 
 
 def need_binary(name: str) -> str:
@@ -27,6 +28,6 @@ def need_binary(name: str) -> str:
         f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None
     )
     if path is None:
-        _missing(f"executable {name!r} is not on PATH")
+        missing(f"executable {name!r} is not on PATH")
         raise AssertionError("unreachable")
     return path

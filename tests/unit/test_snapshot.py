@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from tests.support.requires import missing
 
 from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.checkpoints.snapshot import SourceVanishedError, observe, take
@@ -40,7 +41,7 @@ def test_copies_across_filesystems(tmp_path: Path) -> None:
     """Where a hard link is impossible (another filesystem) the file is copied, and counted."""
     shm = Path("/dev/shm")
     if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
-        pytest.skip("needs /dev/shm on a different filesystem than the temp dir")
+        missing("needs /dev/shm on a different filesystem than the temp dir")
     src = checkpoint(tmp_path)
     dest = shm / f"traind-test-{os.getpid()}" / "checkpoint-3"
     try:
