@@ -20,7 +20,7 @@ from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import Watcher
 from traind.config import Settings, StatusConfig
-from traind.errors import ConfigError, TraindError
+from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.observe import Observer
 from traind.reload import plan_reload
 from traind.status.model import RecentErrors
@@ -106,7 +106,7 @@ class Daemon:
             state_dir=str(s.run.state_dir),
             backend=self.storage.describe,
         )
-        manifests = await self.storage.manifests()
+        manifests = await self._store_manifests()
         self.observer.known(manifests)
         await recovery.restore_if_fresh(
             self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
@@ -128,6 +128,24 @@ class Daemon:
         return Watcher(
             s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked
         )
+
+    async def _store_manifests(self) -> list[Manifest]:
+        """The store's manifests. A store that is down for now (network not up yet, server
+        restarting) is waited for: whether to restore before the trainer starts depends on
+        it. A permanent error (bad credentials, no such bucket) ends the start-up."""
+        delay = 1.0
+        while True:
+            try:
+                return await self.storage.manifests()
+            except TransientStorageError as exc:
+                log.error(
+                    "store_unreachable",
+                    backend=self.storage.describe,
+                    error=str(exc),
+                    retry_in=delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
 
     async def main_loop(self, watcher: Watcher, stop: asyncio.Event, reload: asyncio.Event) -> None:
         """Supervise, watch, stream and prune until ``stop``; then shut down in order: the

@@ -1,0 +1,54 @@
+"""The daemon in-process with a fake store: what it does when the store misbehaves."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from traind.app import Daemon
+from traind.checkpoints.manifest import Manifest
+from traind.config import validate
+from traind.errors import TransientStorageError
+from traind.storage.memory import MemoryBackend
+
+
+class FlakyStore(MemoryBackend):
+    """A memory store whose first ``failures`` listings fail as if the network were down."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.listings = 0
+
+    async def manifests(self) -> list[Manifest]:
+        self.listings += 1
+        if self.listings <= self.failures:
+            raise TransientStorageError("store unreachable (test)")
+        return await super().manifests()
+
+
+async def test_unreachable_store_at_startup_is_waited_for(tmp_path: Path) -> None:
+    """A store that is down at start-up delays the start instead of ending the daemon."""
+    settings = validate(
+        {
+            "run": {
+                "name": "r",
+                "output_dir": str(tmp_path / "out"),
+                "state_dir": str(tmp_path / "state"),
+            },
+            "storage": {"type": "local", "path": str(tmp_path / "unused")},
+            "status": {"enabled": False},
+        }
+    )
+    store = FlakyStore(failures=2)
+    daemon = Daemon(settings, storage=store)
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    async with asyncio.timeout(20):
+        while daemon.observer.state != "running":
+            assert not task.done()
+            await asyncio.sleep(0.05)
+    assert store.listings >= 3
+    stop.set()
+    async with asyncio.timeout(20):
+        await task
