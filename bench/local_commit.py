@@ -29,6 +29,7 @@ from tests.support.daemon import DaemonProcess, write_config
 
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
 from traind.storage.local import LocalBackend
 from traind.units import parse_size
@@ -65,7 +66,7 @@ async def traind_commit(src: Path, work: Path) -> float:
     journal = Journal(work / "state/journal.sqlite3")
     streamer = Streamer("bench", work / "state", storage, journal)
     started = time.perf_counter()
-    assert await streamer.stage(src.name, 1, src)
+    assert await streamer.stage(src.name, 1, src) is StageResult.STAGED
     await journal.set_state(src.name, "ready")
     await streamer.commit(src.name)
     elapsed = time.perf_counter() - started

@@ -18,7 +18,7 @@ from traind.checkpoints import pruner, recovery
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import Watcher
+from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.observe import Observer
@@ -197,11 +197,11 @@ class Daemon:
         if self.settings.trainer is not None and self.settings.trainer.exit_when_done:
             stop.set()
 
-    async def _stage(self, tag: str, step: int, source: Path) -> bool:
-        staged = await self.streamer.stage(tag, step, source)
-        if staged and self.supervisor is not None:
+    async def _stage(self, tag: str, step: int, source: Path) -> StageResult:
+        result = await self.streamer.stage(tag, step, source)
+        if result is StageResult.STAGED and self.supervisor is not None:
             self.supervisor.notify_progress()
-        return staged
+        return result
 
     async def _resume_point(self) -> Path | None:
         s = self.settings

@@ -11,7 +11,7 @@ from pathlib import Path
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import parse_step
+from traind.checkpoints.watcher import StageResult, parse_step
 from traind.config import Settings
 from traind.errors import TraindError
 from traind.progress import Progress, shown
@@ -32,7 +32,7 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
     journal = Journal.in_state_dir(state_dir)
     try:
         streamer = Streamer(settings.run.name, state_dir, storage, journal)
-        if not await streamer.stage(tag, step, source):
+        if await streamer.stage(tag, step, source) is not StageResult.STAGED:
             raise TraindError(f"{source} could not be snapshot (see the log)")
         await journal.set_state(tag, "ready")
         files = await journal.files(tag)

@@ -18,6 +18,7 @@ import structlog
 from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts
+from traind.checkpoints.watcher import StageResult
 from traind.errors import StorageError, TraindError
 from traind.progress import Progress, shown
 from traind.storage.base import LocalFile, Storage
@@ -48,6 +49,7 @@ class Streamer:
         self._on_commit = on_commit
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._failures: dict[str, int] = {}
+        self._stage_errors: dict[str, str] = {}
         self._retry = (retry_initial, retry_max)
         self.current: tuple[str, Progress] | None = None
         self._idle = asyncio.Event()
@@ -61,18 +63,25 @@ class Streamer:
 
     # -- watcher callbacks ----------------------------------------------------------------
 
-    async def stage(self, tag: str, step: int, source: Path) -> bool:
-        """Snapshot ``source`` into staging and journal it; False if it vanished first."""
+    async def stage(self, tag: str, step: int, source: Path) -> StageResult:
+        """Snapshot ``source`` into staging and journal it."""
         started = time.monotonic()
-        self.staging.mkdir(parents=True, exist_ok=True)
         try:
+            await asyncio.to_thread(self.staging.mkdir, parents=True, exist_ok=True)
             snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag)
         except snapshot.SourceVanishedError as exc:
             log.warning("checkpoint_vanished", tag=tag, step=step, error=str(exc))
-            return False
-        except (TraindError, OSError) as exc:
+            return StageResult.GONE
+        except TraindError as exc:
             log.error("checkpoint_unusable", tag=tag, step=step, error=str(exc))
-            return False
+            return StageResult.GONE
+        except OSError as exc:  # disk full, permissions: the next scan tries again
+            if self._stage_errors.get(tag) != str(exc):
+                log.error("checkpoint_snapshot_failed", tag=tag, step=step, error=str(exc),
+                          hint="retrying on every scan; free space in state_dir")
+            self._stage_errors[tag] = str(exc)
+            return StageResult.RETRY
+        self._stage_errors.pop(tag, None)
         await self._journal.staged(tag, step, source, snap.files)
         await asyncio.to_thread(_ack, self.acks, tag)
         log.info(
@@ -85,7 +94,7 @@ class Streamer:
             log.warning("hardlink_impossible_copied", tag=tag, files=snap.copied)
         if snap.skipped_symlinks:
             log.warning("symlinks_skipped", tag=tag, paths=list(snap.skipped_symlinks))
-        return True
+        return StageResult.STAGED
 
     async def complete(self, tag: str, step: int) -> None:
         """The snapshot of ``tag`` is final: queue it for upload."""

@@ -12,6 +12,7 @@ import fnmatch
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from enum import Enum
 from pathlib import Path
 
 import structlog
@@ -24,7 +25,17 @@ from traind.config import CheckpointsConfig
 log = structlog.get_logger("traind.watcher")
 _STEP = re.compile(r"(\d+)$")
 
-OnStage = Callable[[str, int, Path], Awaitable[bool]]
+
+
+class StageResult(Enum):
+    """What became of an attempt to snapshot a checkpoint."""
+
+    STAGED = "staged"
+    GONE = "gone"  # vanished first, or unusable for good: give up on it
+    RETRY = "retry"  # a passing failure (disk full, permissions): try again next scan
+
+
+OnStage = Callable[[str, int, Path], Awaitable[StageResult]]
 OnComplete = Callable[[str, int], Awaitable[None]]
 
 
@@ -53,8 +64,8 @@ def candidates(output_dir: Path, pattern: str) -> dict[str, int]:
 class Watcher:
     """Scans ``output_dir`` and drives each candidate through stage → complete.
 
-    ``on_stage(tag, step, path)`` snapshots and returns False when the checkpoint must be
-    given up (vanished before it could be snapshot); ``on_complete(tag, step)`` hands the
+    ``on_stage(tag, step, path)`` snapshots and says whether that worked, the checkpoint is
+    to be given up, or it is to be tried again; ``on_complete(tag, step)`` hands the
     snapshot on. Tags in ``done`` are never looked at again.
     """
 
@@ -104,9 +115,10 @@ class Watcher:
         now = time.monotonic()
         action = decide(self._tracked.get(tag), seen, now, self._config.settle)
         if action is Action.STAGE and seen is not None:
-            if await self._on_stage(tag, step, self._dir / tag):
+            result = await self._on_stage(tag, step, self._dir / tag)
+            if result is StageResult.STAGED:
                 self._tracked[tag] = Tracked(seen.signature, now)
-            elif tag not in self._tracked:
+            elif result is StageResult.GONE and tag not in self._tracked:
                 self._done.add(tag)
         elif action is Action.COMPLETE:
             del self._tracked[tag]
