@@ -30,6 +30,7 @@ from traind.storage.keys import MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.s3_client import Ops, open_client, target_of
 from traind.storage.s3_download import RANGE_SIZE, fetch_file
 from traind.storage.s3_errors import RetryPolicy, error_code
+from traind.storage.s3_fastget import fast_getter
 from traind.storage.s3_io import BufferPool, TokenBucket
 from traind.storage.s3_upload import Uploader, upload_id_of
 from traind.storage.tasks import task_group
@@ -148,16 +149,23 @@ class S3Backend:
         limit = asyncio.Semaphore(self._config.concurrency)
         hashes: dict[str, str] = {}
         started = time.monotonic()
+        # Ranged GETs received straight into buffers; None (proxies, TRAIND_S3_FASTGET=0):
+        # through aiobotocore.
+        fast = fast_getter(ops, self._config.connect_timeout)
 
         async def one(path: str, size: int) -> None:
             hashes[path] = await fetch_file(
                 ops, self._key(manifest.tag, path), dest / check_relpath(path), size,
-                max(RANGE_SIZE, self._config.part_size), limit, advance, self._bandwidth,
+                max(RANGE_SIZE, self._config.part_size), limit, advance, self._bandwidth, fast,
             )
 
-        async with task_group() as tg:
-            for entry in manifest.files:
-                tg.create_task(one(entry.path, entry.size))
+        try:
+            async with task_group() as tg:
+                for entry in manifest.files:
+                    tg.create_task(one(entry.path, entry.size))
+        finally:
+            if fast is not None:
+                fast.close()
         seconds = time.monotonic() - started
         log.info("s3_downloaded", tag=manifest.tag, files=len(manifest.files),
                  bytes=manifest.total_bytes, seconds=round(seconds, 3),

@@ -1,0 +1,219 @@
+"""Restores against a real SeaweedFS, through the fast path (``s3_fastget``) and through the
+aiobotocore fallback: bytes and hashes, connection reuse, resets and stalls mid-body, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from tests.integration.s3.conftest import MIB, RecordingSession, make_checkpoint, s3_config
+from tests.integration.s3.test_s3_backend import manifest_of
+from tests.support.seaweed import SeaweedS3
+
+from traind.checkpoints.manifest import FileEntry, Manifest
+from traind.config import S3Storage
+from traind.errors import IntegrityError, StorageError, TransientStorageError
+from traind.storage import s3_fastget
+from traind.storage.s3 import S3Backend
+from traind.storage.s3_client import Ops
+from traind.storage.s3_errors import RetryPolicy, Target
+from traind.storage.s3_fastget import FastGetter, fast_getter
+
+pytestmark = pytest.mark.timeout(60)
+Make = Callable[[S3Storage], S3Backend]
+SIZES = {"model.safetensors": 12 * MIB + 77, "config.json": 1000, "empty.txt": 0}
+RANGES = 3 + 1  # 5 MiB ranges (the test part size) of the large file, and the small one
+
+
+@pytest.fixture(params=["fast", "fallback"])
+def opens(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Restore through the path of the parameter; the list collects the fast path's GETs."""
+    monkeypatch.setattr("traind.storage.s3.RANGE_SIZE", MIB)  # ranges of part_size: 5 MiB
+    monkeypatch.setattr(s3_fastget, "BUFFER", 256 * 1024)  # several buffers per range
+    monkeypatch.delenv("TRAIND_S3_FASTGET", raising=False)
+    if request.param == "fallback":
+        monkeypatch.setenv("TRAIND_S3_FASTGET", "0")
+    seen: list[str] = []
+    original = FastGetter.open
+
+    async def spy(self: FastGetter, key: str, start: int, end: int) -> Any:
+        seen.append(f"{key}:{start}-{end}")
+        return await original(self, key, start, end)
+
+    monkeypatch.setattr(FastGetter, "open", spy)
+    return seen
+
+
+async def uploaded(
+    server: SeaweedS3, bucket: str, backends: Make, root: Path, sizes: dict[str, int]
+) -> Manifest:
+    """Upload files of ``sizes`` under ``root`` as checkpoint-1; return its manifest."""
+    files = make_checkpoint(root, sizes, seed=7)
+    session = RecordingSession()
+    backend = backends(s3_config(server, bucket))
+    async with asyncio.timeout(30):
+        await backend.upload("checkpoint-1", root, files, session)
+    return manifest_of("checkpoint-1", root, session.done)
+
+
+def check_restored(root: Path, out: Path, got: dict[str, str], manifest: Manifest) -> None:
+    assert got == {f.path: f.sha256 for f in manifest.files}
+    for f in manifest.files:
+        data = (root / f.path).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == f.sha256
+        assert (out / f.path).read_bytes() == data
+
+
+class Relay:
+    """A TCP relay to the S3 server that can cut (RST) or stall its first response stream
+    after ``after`` bytes; counts connections."""
+
+    def __init__(self, upstream: str, mode: str = "", after: int = 0) -> None:
+        host, _, port = upstream.removeprefix("http://").partition(":")
+        self._upstream = (host, int(port))
+        self.mode, self.after = mode, after
+        self.connections = 0
+        self.faults = 0
+        self.endpoint = ""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Relay]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            yield self
+        finally:
+            server.close()
+            for task in self._tasks:
+                task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        down = asyncio.create_task(self._pipe(up_reader, writer, faulty=True))
+        self._tasks.add(down)
+        try:
+            await self._pipe(reader, up_writer, faulty=False)
+        finally:
+            up_writer.close()
+
+    async def _pipe(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, faulty: bool
+    ) -> None:
+        sent = 0
+        with contextlib.suppress(ConnectionError):
+            while data := await src.read(64 * 1024):
+                if faulty and self.mode and not self.faults and sent + len(data) > self.after:
+                    self.faults += 1
+                    dst.write(data[: self.after - sent])
+                    if self.mode == "stall":
+                        await asyncio.sleep(3600)
+                    dst.transport.abort()
+                    return
+                sent += len(data)
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+
+async def test_restore_round_trip(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, opens: list[str],
+    request: pytest.FixtureRequest,
+) -> None:
+    """Every byte arrives and is hashed; the fast path is the default, the env turns it off;
+    connections are kept alive and reused."""
+    root = tmp_path / "checkpoint-1"
+    manifest = await uploaded(s3_server, bucket, backends, root, SIZES)
+    async with Relay(s3_server.endpoint).running() as relay:
+        backend = backends(s3_config(s3_server, bucket, endpoint_url=relay.endpoint,
+                                     concurrency=2))
+        progress: list[int] = []
+        async with asyncio.timeout(30):
+            got = await backend.download(manifest, tmp_path / "out", progress.append)
+            check_restored(root, tmp_path / "out", got, manifest)
+            again = await backend.download(manifest, tmp_path / "again", lambda n: None)
+            check_restored(root, tmp_path / "again", again, manifest)
+    assert sum(progress) == manifest.total_bytes
+    fast = "fast" in request.node.callspec.id
+    assert len(opens) == (2 * RANGES if fast else 0)
+    assert relay.connections <= (2 * 2 if fast else 2)  # each download's own, or the client's
+
+
+@pytest.mark.parametrize("mode", ["reset", "stall"])
+async def test_restore_survives_a_broken_stream(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, opens: list[str],
+    mode: str,
+) -> None:
+    """A connection reset or stalled mid-body is retried, and the range resumes."""
+    root = tmp_path / "checkpoint-1"
+    manifest = await uploaded(s3_server, bucket, backends, root, SIZES)
+    async with Relay(s3_server.endpoint, mode, after=3 * MIB).running() as relay:
+        backend = backends(s3_config(s3_server, bucket, endpoint_url=relay.endpoint,
+                                     read_timeout=1.0))
+        async with asyncio.timeout(30):
+            got = await backend.download(manifest, tmp_path / "out", lambda n: None)
+    assert relay.faults == 1
+    check_restored(root, tmp_path / "out", got, manifest)
+
+
+async def test_restore_errors_are_translated(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, opens: list[str],
+) -> None:
+    """A missing object fails at once with S3's reason; an object that is not the size the
+    manifest says fails as an integrity error."""
+    root = tmp_path / "checkpoint-1"
+    manifest = await uploaded(s3_server, bucket, backends, root, {"a.bin": 6 * MIB})
+    backend = backends(s3_config(s3_server, bucket))
+    (entry,) = manifest.files
+    missing = Manifest(run="run1", tag="checkpoint-1", step=1,
+                       files=(FileEntry("nope.bin", 10, entry.sha256),))
+    async with asyncio.timeout(20):
+        with pytest.raises(StorageError, match="NoSuchKey") as caught:
+            await backend.download(missing, tmp_path / "out", lambda n: None)
+        assert not isinstance(caught.value, TransientStorageError)
+        for size in (entry.size + 1, entry.size - 1):
+            wrong = Manifest(run="run1", tag="checkpoint-1", step=1,
+                             files=(FileEntry("a.bin", size, entry.sha256),))
+            with pytest.raises(IntegrityError, match="does not match its manifest"):
+                await backend.download(wrong, tmp_path / "out", lambda n: None)
+
+
+async def test_restore_unreachable_endpoint_fails_fast(
+    backends: Make, tmp_path: Path, opens: list[str], s3_server: SeaweedS3
+) -> None:
+    """An endpoint that never answered is a configuration error, not retried for long."""
+    config = s3_config(s3_server, "b", endpoint_url="http://127.0.0.1:9", retries=2)
+    manifest = Manifest(run="run1", tag="checkpoint-1", step=1,
+                        files=(FileEntry("a.bin", 10, "0" * 64),))
+    async with asyncio.timeout(20):
+        with pytest.raises(StorageError, match="cannot reach the S3 endpoint") as caught:
+            await backends(config).download(manifest, tmp_path / "out", lambda n: None)
+    assert not isinstance(caught.value, TransientStorageError)
+
+
+@pytest.mark.parametrize(("endpoint", "env", "fast"), [
+    ("http://127.0.0.1:1", {}, True),
+    ("https://s3.example.com", {}, True),
+    ("http://127.0.0.1:1", {"TRAIND_S3_FASTGET": "0"}, False),
+    ("http://127.0.0.1:1", {"HTTPS_PROXY": "http://proxy:3128"}, False),
+    ("http://127.0.0.1:1", {"http_proxy": "http://proxy:3128"}, False),
+    ("ftp://127.0.0.1:1", {}, False),
+])
+def test_fast_path_scope(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str, env: dict[str, str], fast: bool
+) -> None:
+    """Proxies and anything but direct http(s) fall back to the aiobotocore path."""
+    for name in ("TRAIND_S3_FASTGET", *s3_fastget._PROXY_VARS):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    client = SimpleNamespace(meta=SimpleNamespace(endpoint_url=endpoint))
+    ops = Ops(client, Target("b", endpoint, None, "test"), RetryPolicy(0), 1.0)
+    assert (fast_getter(ops, 1.0) is not None) == fast
