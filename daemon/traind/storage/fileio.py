@@ -12,6 +12,13 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 
 CHUNK = 4 * 1024 * 1024
+WRITE_PIECE = 32 * 1024
+"""Bytes per write call at most, in local copies and S3 restores alike (as s5cmd writes).
+
+The kernel sizes new page-cache folios by the write (ext4, Linux 6.18): 1 MiB writes at
+aligned offsets get 1 MiB folios, which measured 3-10x the CPU per byte on this VM. 32 KiB
+writes doubled local commit throughput (1 GiB: 0.56 -> 1.24 GB/s against 4 MiB writes) and
+cut S3 restore CPU by ~0.4 s/GB against 256 KiB writes."""
 
 
 def copy_hashed(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[int, str]:
@@ -27,7 +34,8 @@ def copy_hashed(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[i
         while n := fin.readinto(buf):
             chunk = view[:n]
             digest.update(chunk)
-            fout.write(chunk)
+            for start in range(0, n, WRITE_PIECE):
+                fout.write(chunk[start : start + WRITE_PIECE])
             total += n
             advance(n)
         os.fsync(fout.fileno())

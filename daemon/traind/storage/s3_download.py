@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from traind.errors import IntegrityError, StorageError
+from traind.storage.fileio import WRITE_PIECE
 from traind.storage.s3_client import Ops
 from traind.storage.s3_errors import retrying
 from traind.storage.s3_fastget import FastGetter
@@ -27,12 +28,6 @@ from traind.storage.tasks import task_group
 FLUSH = 1024 * 1024
 """Bytes gathered from the network before one ``pwritev`` in a worker thread. Small keeps
 the received buffers hot and reused: 8 MiB batches measured twice the CPU per byte."""
-WRITE_PIECE = 32 * 1024
-"""Bytes per ``pwrite`` call at most (as s5cmd writes). The kernel sizes new page-cache folios
-by the write (ext4, Linux 6.18): 1 MiB writes at aligned offsets get 1 MiB folios, which
-measured 3-10x the CPU per byte here (a VM: fresh high-order pages are slow to touch), and
-right after other big writes were freed even 256 KiB folios cost ~1.5 s/GB of copying; 32 KiB
-writes measured ~0.4 s/GB less client CPU in the bench than 256 KiB ones."""
 READBACK = 1024 * 1024
 RANGE_SIZE = 32 * 1024 * 1024
 """Bytes per ranged GET, at least (a larger part size is used as is): fewer requests."""
