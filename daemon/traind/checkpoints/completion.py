@@ -33,6 +33,11 @@ class Observation:
     has_marker: bool
     explicit: bool
 
+    @property
+    def marked(self) -> bool:
+        """A completion marker (the trainer's or traind's own) is present."""
+        return self.has_marker or self.explicit
+
 
 @dataclass(frozen=True)
 class Tracked:
@@ -55,7 +60,7 @@ def decide(tracked: Tracked | None, seen: Observation | None, now: float, settle
     """Decide the next step for one checkpoint directory."""
     if seen is None:
         return Action.COMPLETE if tracked is not None else Action.IGNORE
-    if not seen.has_marker and not seen.explicit:
+    if not seen.marked:
         return Action.WAIT
     if tracked is None or seen.signature != tracked.signature:
         return Action.STAGE

@@ -25,7 +25,7 @@ def local_checkpoints(output_dir: Path, config: CheckpointsConfig) -> dict[str, 
     found = {}
     for tag, step in candidates(output_dir, config.pattern).items():
         seen = observe(output_dir / tag, config.markers)
-        if seen is not None and (seen.has_marker or seen.explicit):
+        if seen is not None and seen.marked:
             found[tag] = step
     return found
 
@@ -97,8 +97,8 @@ async def resume_point(
         return None
     entry = max(committed, key=lambda e: e.step)
     path = output_dir / entry.tag
-    local = await asyncio.to_thread(local_checkpoints, output_dir, config)
-    if entry.tag not in local:
+    seen = await asyncio.to_thread(observe, path, config.markers)
+    if seen is None or not seen.marked:
         log.info("restore_starting", tag=entry.tag, step=entry.step, reason="resume point missing")
         await asyncio.to_thread(shutil.rmtree, path, True)
         await restore(storage, await find(storage, entry.tag), output_dir)

@@ -86,7 +86,6 @@ class Watcher:
         # Snapshots that survived a restart count as taken, but not as settled.
         start = time.monotonic()
         self._tracked: dict[str, Tracked] = {t: Tracked(frozenset(), start) for t in tracked}
-        self.scans = 0
 
     @property
     def tracking(self) -> int:
@@ -101,7 +100,6 @@ class Watcher:
 
     async def scan(self) -> None:
         """One pass over the output directory."""
-        self.scans += 1
         found = await asyncio.to_thread(candidates, self._dir, self._config.pattern)
         for tag in list(self._tracked):
             found.setdefault(tag, parse_step(tag) or 0)

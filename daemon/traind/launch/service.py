@@ -16,7 +16,6 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-SERVICE_KINDS = ("systemd", "nohup")
 DETECT = (
     'if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 '
     '&& [ "$(id -u)" = 0 ]; then echo systemd; else echo nohup; fi'

@@ -21,8 +21,6 @@ from traind.status.metrics import CONTENT_TYPE, Metrics
 
 log = structlog.get_logger("traind.status")
 
-DEFAULT_LISTEN = "127.0.0.1:9750"
-
 Snapshot = Callable[[], Mapping[str, Any]]
 
 

@@ -18,7 +18,6 @@ class MemoryBackend:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
         self.manifest_by_tag: dict[str, Manifest] = {}
-        self.uploads = 0
 
     @property
     def describe(self) -> str:
@@ -30,7 +29,6 @@ class MemoryBackend:
         for f in files:
             data = (root / f.path).read_bytes()
             self.objects[f"{check_tag(tag)}/{check_relpath(f.path)}"] = data
-            self.uploads += 1
             session.advance(len(data))
             await session.file_done(f.path, hashlib.sha256(data).hexdigest())
             await asyncio.sleep(0)

@@ -45,9 +45,7 @@ class PartBody(Payload):
         return bytes(self._view).decode(encoding, errors)
 
     async def write(self, writer: AbstractStreamWriter) -> None:
-        view = self._view
-        for start in range(0, len(view), WRITE_SLICE):
-            await writer.write(view[start : start + WRITE_SLICE])
+        await self.write_with_length(writer, None)
 
     async def write_with_length(
         self, writer: AbstractStreamWriter, content_length: int | None

@@ -48,12 +48,8 @@ async def put_file(
     Raises StorageError (not retried) when the local file cannot be read. On failure the
     progress reported through ``advance`` is taken back, so a retry does not count twice.
     """
-    counted = _Counted(advance)
-    try:
+    with _counted(advance) as counted:
         return await _put_file(sftp, local, remote, counted)
-    except BaseException:
-        counted.rewind()
-        raise
 
 
 async def _put_file(
@@ -89,12 +85,8 @@ async def get_file(
 
     Like ``put_file``, progress is taken back on failure.
     """
-    counted = _Counted(advance)
-    try:
+    with _counted(advance) as counted:
         return await _get_file(sftp, remote, local, counted)
-    except BaseException:
-        counted.rewind()
-        raise
 
 
 async def _get_file(
@@ -204,6 +196,17 @@ class _Counted:
     def rewind(self) -> None:
         self._advance(-self.moved)
         self.moved = 0
+
+
+@contextlib.contextmanager
+def _counted(advance: Advance) -> Iterator[_Counted]:
+    """Count what the block reports through ``advance``; take it back if the block fails."""
+    counted = _Counted(advance)
+    try:
+        yield counted
+    except BaseException:
+        counted.rewind()
+        raise
 
 
 async def _fsync(f: asyncssh.SFTPClientFile) -> None:

@@ -65,7 +65,15 @@ def test_fault_mid_run_resumes_from_committed(tmp_path: Path, fault: str) -> Non
     assert len(resumed) == 2, resumed
     assert resumed[0] == "None"
     assert resumed[1].startswith(str(out / "checkpoint-"))
-    assert int(resumed[1].rsplit("-", 1)[1]) >= 1
+    resume_tag = Path(resumed[1]).name
+    events = [e.get("event") for e in daemon.events]
+    committed_at = next(
+        i
+        for i, e in enumerate(daemon.events)
+        if e.get("event") == "checkpoint_committed" and e["tag"] == resume_tag
+    )
+    relaunched_at = [i for i, name in enumerate(events) if name == "trainer_launch"][1]
+    assert committed_at < relaunched_at  # it resumed from a checkpoint already committed
     assert final_step(out) == 6
     assert sorted(stored(store, "exp")) == [f"checkpoint-{n}" for n in range(1, 7)]
     assert daemon.named("run_complete")
