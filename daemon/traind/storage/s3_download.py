@@ -20,8 +20,8 @@ from typing import Any
 from traind.errors import IntegrityError, StorageError
 from traind.storage.fileio import WRITE_PIECE
 from traind.storage.s3_client import Ops
+from traind.storage.s3_direct import Direct
 from traind.storage.s3_errors import retrying
-from traind.storage.s3_fastget import FastGetter
 from traind.storage.s3_io import TokenBucket, new_digest
 from traind.storage.tasks import task_group
 
@@ -124,11 +124,11 @@ async def fetch_file(
     limit: asyncio.Semaphore,
     advance: Callable[[int], None],
     bandwidth: TokenBucket | None,
-    fast: FastGetter | None = None,
+    direct: Direct | None = None,
 ) -> str:
     """Download ``key`` (``size`` bytes per the manifest) to ``target``; return its sha256.
 
-    Ranges are received by ``fast`` when given (``s3_fastget``), else through aiobotocore.
+    Ranges are received by ``direct`` when given (``s3_direct``), else through aiobotocore.
     """
     fd = await asyncio.to_thread(_open_for_write, target)
     try:
@@ -137,7 +137,7 @@ async def fetch_file(
             for start in range(0, size, range_size):
                 end = min(size, start + range_size)
                 tg.create_task(
-                    _fetch_range(ops, key, asm, start, end, limit, advance, bandwidth, fast)
+                    _fetch_range(ops, key, asm, start, end, limit, advance, bandwidth, direct)
                 )
         return asm.hexdigest()
     except OSError as exc:
@@ -162,14 +162,14 @@ async def _fetch_range(
     limit: asyncio.Semaphore,
     advance: Callable[[int], None],
     bandwidth: TokenBucket | None,
-    fast: FastGetter | None,
+    direct: Direct | None,
 ) -> None:
     pos = start
 
-    async def fast_attempt() -> None:
+    async def direct_attempt() -> None:
         nonlocal pos
-        assert fast is not None
-        body = await fast.open(key, pos, end)
+        assert direct is not None
+        body = await direct.get(key, pos, end)
         try:
             head = body.response
             _check_range({"ContentRange": head.headers.get("content-range", ""),
@@ -221,7 +221,7 @@ async def _fetch_range(
     async with limit:
         if bandwidth is not None:
             await bandwidth.take(end - start)
-        await retrying(attempt if fast is None else fast_attempt, "get_object", key,
+        await retrying(attempt if direct is None else direct_attempt, "get_object", key,
                        ops.target, ops.policy)
 
 

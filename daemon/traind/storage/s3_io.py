@@ -13,11 +13,16 @@ import base64
 import hashlib
 import os
 import time
-import zlib
 from typing import Any
 
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
+
+try:
+    # ISA-L's CRC32 (the [s3] extra): 0.02 CPU s/GiB against zlib's 0.25 on AVX-512.
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - the same checksum, only slower
+    from zlib import crc32
 
 WRITE_SLICE = 1024 * 1024
 
@@ -132,7 +137,7 @@ def read_part(
     digest.update(view)
     if not crc:
         return None
-    return base64.b64encode(zlib.crc32(view).to_bytes(4, "big")).decode()
+    return base64.b64encode(crc32(view).to_bytes(4, "big")).decode()
 
 
 def new_digest() -> Any:

@@ -23,7 +23,8 @@ from traind.errors import StorageError
 from traind.storage.base import UploadSession
 from traind.storage.fileio import hash_file
 from traind.storage.s3_client import Ops
-from traind.storage.s3_errors import error_code
+from traind.storage.s3_direct import Direct
+from traind.storage.s3_errors import error_code, retrying
 from traind.storage.s3_io import BufferPool, TokenBucket, new_digest, read_part
 from traind.storage.tasks import task_group
 
@@ -97,12 +98,14 @@ class Uploader:
     def __init__(
         self,
         ops: Ops,
+        direct: Direct | None,
         pool: BufferPool,
         bandwidth: TokenBucket | None,
         part_size: int,
         crc: bool,
     ) -> None:
         self._ops = ops
+        self._direct = direct
         self._pool = pool
         self._bandwidth = bandwidth
         self._part_size = part_size
@@ -125,9 +128,7 @@ class Uploader:
             view = memoryview(buf)[:size]
             digest = new_digest()
             crc = await asyncio.to_thread(_read_whole, path, view, digest, self._crc)
-            await self._throttle(size)
-            extra: dict[str, Any] = {"ChecksumCRC32": crc} if crc else {}
-            await self._ops.call("put_object", key, body=view, **extra)
+            await self._put(key, view, crc)
         finally:
             self._pool.release(buf)
         session.advance(size)
@@ -184,18 +185,39 @@ class Uploader:
         save_lock: asyncio.Lock,
     ) -> None:
         try:
-            await self._throttle(len(view))
-            extra: dict[str, Any] = {"ChecksumCRC32": crc} if crc else {}
-            resp = await self._ops.call(
-                "upload_part", state.key, body=view, UploadId=state.upload_id,
-                PartNumber=number, **extra,
-            )
+            etag = await self._put(state.key, view, crc, (state.upload_id, number))
         finally:
             self._pool.release(buf)
-        state.parts[number] = (str(resp["ETag"]), crc)
+        state.parts[number] = (etag, crc)
         async with save_lock:
             await session.save_state(rel, state.to_json())
         session.advance(len(view))
+
+    async def _put(
+        self, key: str, view: memoryview, crc: str | None, part: tuple[str, int] | None = None
+    ) -> str:
+        """Store one object, or part ``(upload id, number)`` of one; return its ETag."""
+        await self._throttle(len(view))
+        op = "upload_part" if part else "put_object"
+        if self._direct is None:
+            extra: dict[str, Any] = {"ChecksumCRC32": crc} if crc else {}
+            if part is not None:
+                extra |= {"UploadId": part[0], "PartNumber": part[1]}
+            return str((await self._ops.call(op, key, body=view, **extra))["ETag"])
+        direct = self._direct
+        headers = {"x-amz-checksum-crc32": crc} if crc else {}
+        query = {"partNumber": str(part[1]), "uploadId": part[0]} if part else {}
+        operation = "UploadPart" if part else "PutObject"
+
+        async def attempt() -> str:
+            async with asyncio.timeout(self._ops.limit(len(view))):
+                response = await direct.put(key, view, query, headers, operation)
+            return response.headers.get("etag", "")
+
+        etag = await retrying(attempt, op, key, self._ops.target, self._ops.policy)
+        if not etag:
+            raise StorageError(f"the S3 store answered {op} of {key} without an ETag")
+        return etag
 
     async def _resume(
         self, key: str, rel: str, size: int, mtime: int, session: UploadSession

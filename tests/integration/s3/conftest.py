@@ -16,6 +16,8 @@ from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, run
 from traind.config import S3Storage
 from traind.storage.base import LocalFile
 from traind.storage.s3 import S3Backend
+from traind.storage.s3_direct import Direct
+from traind.storage.s3_http import Response
 
 MIB = 1024 * 1024
 
@@ -125,3 +127,21 @@ class RecordingSession:
 
     async def save_state(self, path: str, state: str) -> None:
         self.states[path] = state
+
+
+@pytest.fixture(params=["direct", "aiobotocore"])
+def puts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Upload through the path of the parameter (``s3_direct``, or aiobotocore with
+    ``TRAIND_S3_DIRECT=0``); the list collects the keys the direct path PUTs."""
+    monkeypatch.delenv("TRAIND_S3_DIRECT", raising=False)
+    if request.param == "aiobotocore":
+        monkeypatch.setenv("TRAIND_S3_DIRECT", "0")
+    seen: list[str] = []
+    original = Direct.put
+
+    async def spy(self: Direct, key: str, *args: Any) -> Response:
+        seen.append(key)
+        return await original(self, key, *args)
+
+    monkeypatch.setattr(Direct, "put", spy)
+    return seen

@@ -46,9 +46,11 @@ def keys_under(server: SeaweedS3, bucket: str, prefix: str) -> list[str]:
 
 
 async def test_round_trip(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, puts: list[str],
+    request: pytest.FixtureRequest,
 ) -> None:
-    """Upload, commit, list, download and delete keep every byte and the manifest contract."""
+    """Upload, commit, list, download and delete keep every byte and the manifest contract,
+    on the direct path and through aiobotocore."""
     root = tmp_path / "checkpoint-100"
     files = make_checkpoint(root, {
         "model.safetensors": 7 * MIB + 123, "config.json": 300, "sub/optimizer.pt": 40_000,
@@ -65,6 +67,9 @@ async def test_round_trip(
         got = await backend.download(listed[0], tmp_path / "restore", lambda n: None)
     assert listed == [manifest]
     assert session.advanced == sum(f.size for f in files)
+    direct = "direct" in request.node.callspec.id
+    # The large file's 2 parts and the 3 small files; the manifest goes through aiobotocore.
+    assert len(puts) == (5 if direct else 0)
     for f in files:
         data = (root / f.path).read_bytes()
         assert session.done[f.path] == hashlib.sha256(data).hexdigest()
@@ -79,7 +84,7 @@ async def test_round_trip(
 
 
 async def test_multipart_upload(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, puts: list[str]
 ) -> None:
     """A 20 MiB file goes up as 5 MiB parts and reads back byte for byte, in ranges."""
     root = tmp_path / "checkpoint-7"
@@ -110,7 +115,7 @@ async def test_multipart_upload(
 )
 async def test_permanent_errors_fail_fast(
     s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
-    overrides: dict[str, str], message: str,
+    overrides: dict[str, str], message: str, puts: list[str],
 ) -> None:
     """A wrong bucket or credential raises StorageError naming the problem, without retries."""
     files = make_checkpoint(tmp_path, {"a.bin": 1000})

@@ -1,4 +1,4 @@
-"""Restores against a real SeaweedFS, through the fast path (``s3_fastget``) and through the
+"""Restores against a real SeaweedFS, through the direct path (``s3_direct``) and through the
 aiobotocore fallback: bytes and hashes, connection reuse, resets and stalls mid-body, errors."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from tests.support.seaweed import SeaweedS3
 from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.config import S3Storage
 from traind.errors import IntegrityError, StorageError, TransientStorageError
-from traind.storage import s3_fastget
+from traind.storage import s3_direct, s3_http
 from traind.storage.s3 import S3Backend
 from traind.storage.s3_client import Ops
+from traind.storage.s3_direct import Direct, direct_client
 from traind.storage.s3_errors import RetryPolicy, Target
-from traind.storage.s3_fastget import FastGetter, fast_getter
 
 pytestmark = pytest.mark.timeout(60)
 Make = Callable[[S3Storage], S3Backend]
@@ -31,22 +31,22 @@ SIZES = {"model.safetensors": 12 * MIB + 77, "config.json": 1000, "empty.txt": 0
 RANGES = 3 + 1  # 5 MiB ranges (the test part size) of the large file, and the small one
 
 
-@pytest.fixture(params=["fast", "fallback"])
+@pytest.fixture(params=["direct", "fallback"])
 def opens(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Restore through the path of the parameter; the list collects the fast path's GETs."""
     monkeypatch.setattr("traind.storage.s3.RANGE_SIZE", MIB)  # ranges of part_size: 5 MiB
-    monkeypatch.setattr(s3_fastget, "BUFFER", 256 * 1024)  # several buffers per range
-    monkeypatch.delenv("TRAIND_S3_FASTGET", raising=False)
+    monkeypatch.setattr(s3_http, "BUFFER", 256 * 1024)  # several buffers per range
+    monkeypatch.delenv("TRAIND_S3_DIRECT", raising=False)
     if request.param == "fallback":
-        monkeypatch.setenv("TRAIND_S3_FASTGET", "0")
+        monkeypatch.setenv("TRAIND_S3_DIRECT", "0")
     seen: list[str] = []
-    original = FastGetter.open
+    original = Direct.get
 
-    async def spy(self: FastGetter, key: str, start: int, end: int) -> Any:
+    async def spy(self: Direct, key: str, start: int, end: int) -> Any:
         seen.append(f"{key}:{start}-{end}")
         return await original(self, key, start, end)
 
-    monkeypatch.setattr(FastGetter, "open", spy)
+    monkeypatch.setattr(Direct, "get", spy)
     return seen
 
 
@@ -141,9 +141,9 @@ async def test_restore_round_trip(
             again = await backend.download(manifest, tmp_path / "again", lambda n: None)
             check_restored(root, tmp_path / "again", again, manifest)
     assert sum(progress) == manifest.total_bytes
-    fast = "fast" in request.node.callspec.id
-    assert len(opens) == (2 * RANGES if fast else 0)
-    assert relay.connections <= (2 * 2 if fast else 2)  # each download's own, or the client's
+    direct = "direct" in request.node.callspec.id
+    assert len(opens) == (2 * RANGES if direct else 0)
+    assert relay.connections <= (2 * 2 if direct else 2)  # each download's own, or the client's
 
 
 @pytest.mark.parametrize("mode", ["reset", "stall"])
@@ -198,22 +198,26 @@ async def test_restore_unreachable_endpoint_fails_fast(
     assert not isinstance(caught.value, TransientStorageError)
 
 
-@pytest.mark.parametrize(("endpoint", "env", "fast"), [
-    ("http://127.0.0.1:1", {}, True),
-    ("https://s3.example.com", {}, True),
-    ("http://127.0.0.1:1", {"TRAIND_S3_FASTGET": "0"}, False),
-    ("http://127.0.0.1:1", {"HTTPS_PROXY": "http://proxy:3128"}, False),
-    ("http://127.0.0.1:1", {"http_proxy": "http://proxy:3128"}, False),
-    ("ftp://127.0.0.1:1", {}, False),
+@pytest.mark.parametrize(("endpoint", "env", "credentials", "direct"), [
+    ("http://127.0.0.1:1", {}, True, True),
+    ("https://s3.example.com", {}, True, True),
+    ("http://127.0.0.1:1", {"TRAIND_S3_DIRECT": "0"}, True, False),
+    ("http://127.0.0.1:1", {"HTTPS_PROXY": "http://proxy:3128"}, True, False),
+    ("http://127.0.0.1:1", {"http_proxy": "http://proxy:3128"}, True, False),
+    ("ftp://127.0.0.1:1", {}, True, False),
+    ("http://127.0.0.1:1", {}, False, False),
 ])
-def test_fast_path_scope(
-    monkeypatch: pytest.MonkeyPatch, endpoint: str, env: dict[str, str], fast: bool
+def test_direct_path_scope(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str, env: dict[str, str], credentials: bool,
+    direct: bool,
 ) -> None:
-    """Proxies and anything but direct http(s) fall back to the aiobotocore path."""
-    for name in ("TRAIND_S3_FASTGET", *s3_fastget._PROXY_VARS):
+    """Proxies, anonymous access and anything but direct http(s) fall back to the
+    aiobotocore path."""
+    for name in ("TRAIND_S3_DIRECT", *s3_direct._PROXY_VARS):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    client = SimpleNamespace(meta=SimpleNamespace(endpoint_url=endpoint))
+    signer = SimpleNamespace(_credentials=object() if credentials else None)
+    client = SimpleNamespace(meta=SimpleNamespace(endpoint_url=endpoint), _request_signer=signer)
     ops = Ops(client, Target("b", endpoint, None, "test"), RetryPolicy(0), 1.0)
-    assert (fast_getter(ops, 1.0) is not None) == fast
+    assert (direct_client(ops, 1.0) is not None) == direct

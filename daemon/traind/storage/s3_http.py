@@ -1,76 +1,32 @@
-"""Ranged GETs whose body is received straight into reusable buffers (the restore fast path).
+"""A minimal HTTP/1.1 client connection for S3 requests whose bodies are large.
 
-aiohttp hands a response body over as many small ``bytes`` objects (one per socket read,
-each through its stream reader's Python bookkeeping); here an ``asyncio.BufferedProtocol``
-gives the transport a preallocated 2 MiB buffer to ``recv_into`` instead, so a buffer
-fills in a few reads and is passed whole to ``pwrite`` and the hash. The request is signed
-by the aiobotocore client (a presigned URL, one per attempt) and written by hand as one
-``GET`` with ``Host`` and ``Range``; connections are kept alive and reused, one per range
-worker at a time.
-
-Scope: direct plain-HTTP or TLS connections only. When a proxy is configured in the
-environment, the endpoint is not http(s), the client uses a client certificate, or
-``TRAIND_S3_FASTGET=0`` is set, ``fast_getter`` returns None and restores use the
-aiobotocore path of ``s3_download``.
+Responses are received through an ``asyncio.BufferedProtocol``: the transport ``recv_into``s
+a preallocated buffer instead of handing over one ``bytes`` per socket read (as aiohttp's
+stream reader does), so a body arrives in a few large buffers that are written and hashed
+whole. Request bodies are written in slices as the socket takes them (the transport's
+flow control), from the caller's buffer, never joined or copied into one ``bytes``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import re
-import ssl
-import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from botocore import exceptions as bce
-from botocore.httpsession import get_cert_path
-
-from traind.storage.s3_client import Ops
 
 BUFFER = 2 * 1024 * 1024
 """Bytes per receive buffer: a buffer is written and hashed whole, in a worker thread, while
 the connection fills its other one. 2 MiB measured ~5% less CPU per byte than 1 MiB; memory
 is ``BUFFERS * BUFFER`` per connection, at most ``storage.concurrency`` connections."""
 BUFFERS = 2
+SEND_SLICE = 1024 * 1024
+"""Bytes of a request body handed to the transport at a time."""
 HEAD_LIMIT = 64 * 1024
 """Largest response head (status line and headers) accepted."""
 ERROR_BODY_LIMIT = 256 * 1024
-PRESIGN_SECONDS = 3600
-PRESIGN_REUSE = 300.0
-"""Seconds a presigned URL is reused for a key's ranges and retries (presigning costs ~3 ms
-of CPU). Short enough that a URL is never used near the end of the credentials it was
-signed with: botocore refreshes temporary credentials 10-15 minutes before they expire."""
-_PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-_OFF = {"0", "false", "no", "off"}
-
-
-def fast_getter(ops: Ops, connect_timeout: float) -> FastGetter | None:
-    """A FastGetter for ``ops``' endpoint, or None where the aiobotocore path must be used."""
-    if os.environ.get("TRAIND_S3_FASTGET", "").strip().lower() in _OFF:
-        return None
-    if any(os.environ.get(name) for name in _PROXY_VARS):
-        return None
-    client = ops.client
-    url = urlsplit(str(client.meta.endpoint_url))
-    if url.scheme not in {"http", "https"} or not url.hostname:
-        return None
-    session = getattr(getattr(client, "_endpoint", None), "http_session", None)
-    if getattr(session, "_cert_file", None):
-        return None
-    ctx: ssl.SSLContext | None = None
-    if url.scheme == "https":
-        verify = getattr(session, "_verify", True)
-        if verify is False:
-            ctx = ssl.create_default_context()
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        else:
-            ctx = ssl.create_default_context(cafile=get_cert_path(verify))
-    return FastGetter(ops, ctx, connect_timeout)
 
 
 @dataclass
@@ -95,8 +51,9 @@ class Response:
         return conn != "close"
 
 
-class _Connection(asyncio.BufferedProtocol):
-    """One HTTP/1.1 connection receiving one response at a time into its own buffers."""
+class Connection(asyncio.BufferedProtocol):
+    """One HTTP/1.1 connection: one request at a time, its response received into the
+    connection's own buffers."""
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
@@ -113,6 +70,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._paused = False
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._unsent = False  # a request body was cut short: the connection is out of step
 
     # -- protocol callbacks (event loop) ----------------------------------------------------
 
@@ -156,7 +116,14 @@ class _Connection(asyncio.BufferedProtocol):
         if self._state in {"head", "body"} or exc is not None:
             self._fail(exc or ConnectionResetError("connection lost"))
         self._state = "closed"
+        self._writable.set()
         self._wake()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -260,7 +227,7 @@ class _Connection(asyncio.BufferedProtocol):
     @property
     def reusable(self) -> bool:
         return (self._state == "idle" and self._exc is None and not self._ready
-                and self.response is not None and self.response.keep_alive
+                and not self._unsent and self.response is not None and self.response.keep_alive
                 and self._transport is not None and not self._transport.is_closing())
 
     def close(self) -> None:
@@ -268,14 +235,27 @@ class _Connection(asyncio.BufferedProtocol):
         if self._transport is not None:
             self._transport.close()
 
-    async def request(self, data: bytes, idle: float) -> Response:
-        """Send one request; return the response's head once it has arrived."""
-        assert self._transport is not None
+    async def request(self, head: bytes, body: memoryview | None, idle: float) -> Response:
+        """Send one request (``head``, then ``body`` as the socket takes it); return the
+        response's head once it has arrived."""
+        transport = self._transport
+        assert transport is not None
         assert self._state == "idle"
         self._state, self._head_len, self.response = "head", 0, None
         self._free += (buf for buf, _ in self._ready)
         self._ready.clear()
-        self._transport.write(data)
+        transport.write(head)
+        for start in range(0, len(body) if body is not None else 0, SEND_SLICE):
+            assert body is not None
+            if not self._writable.is_set():
+                async with asyncio.timeout(idle):
+                    await self._writable.wait()
+            if self._exc is not None:
+                raise self._exc
+            if self.response is not None:  # answered early (an error): stop sending
+                self._unsent = True
+                break
+            transport.write(body[start : start + SEND_SLICE])
         while self.response is None:
             await self._wait(idle)
         return self.response
@@ -296,116 +276,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._pause(False)
 
 
-class FastGetter:
-    """Presigned ranged GETs over kept-alive connections to one endpoint."""
-
-    def __init__(
-        self, ops: Ops, ssl_context: ssl.SSLContext | None, connect_timeout: float
-    ) -> None:
-        self.ops = ops
-        self._connect_timeout = connect_timeout
-        self._ssl = ssl_context
-        url = urlsplit(str(ops.client.meta.endpoint_url))
-        self._endpoint = url
-        self._idle: list[_Connection] = []
-        self._urls: dict[str, tuple[float, str]] = {}
-
-    def close(self) -> None:
-        """Close the idle connections."""
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()
-
-    async def open(self, key: str, start: int, end: int) -> Body:
-        """Send ``GET key`` for bytes ``start`` to ``end - 1``; return the response's body.
-
-        Raises botocore's ClientError for an S3 error response, connection and timeout
-        errors as they are: ``s3_errors.retrying`` sorts and translates all of them.
-        """
-        ops = self.ops
-        url = urlsplit(await self._presigned(key))
-        target = url.path + (f"?{url.query}" if url.query else "")
-        data = (f"GET {target} HTTP/1.1\r\nHost: {url.netloc}\r\n"
-                f"Range: bytes={start}-{end - 1}\r\nAccept-Encoding: identity\r\n"
-                "User-Agent: traind\r\n\r\n").encode("latin-1")
-        conn = await self._connection(url.scheme, url.hostname or "", url.port)
-        try:
-            response = await conn.request(data, ops.read_timeout)
-            if response.status not in {200, 206}:
-                raise await _client_error(conn, response, ops.read_timeout)
-        except BaseException:
-            conn.close()
-            raise
-        return Body(self, conn, response)
-
-    async def _presigned(self, key: str) -> str:
-        now = time.monotonic()
-        signed, url = self._urls.get(key, (0.0, ""))
-        if not url or now - signed > PRESIGN_REUSE:
-            url = str(await self.ops.client.generate_presigned_url(
-                "get_object", Params={"Bucket": self.ops.target.bucket, "Key": key},
-                ExpiresIn=PRESIGN_SECONDS,
-            ))
-            self._urls[key] = (now, url)
-        return url
-
-    async def _connection(self, scheme: str, host: str, port: int | None) -> _Connection:
-        while self._idle:
-            conn = self._idle.pop()
-            if conn.reusable:
-                return conn
-            conn.close()
-        loop = asyncio.get_running_loop()
-        port = port or (443 if scheme == "https" else 80)
-        where = f"{scheme}://{host}:{port}"
-        try:
-            async with asyncio.timeout(self._connect_timeout + self.ops.read_timeout):
-                _, conn = await loop.create_connection(
-                    _Connection, host, port, ssl=self._ssl if scheme == "https" else None,
-                    ssl_handshake_timeout=self.ops.read_timeout if scheme == "https" else None,
-                )
-        except TimeoutError as exc:
-            raise bce.ConnectTimeoutError(endpoint_url=where) from exc
-        except ssl.SSLError as exc:
-            raise bce.SSLError(endpoint_url=where, error=exc) from exc
-        except OSError as exc:
-            raise bce.EndpointConnectionError(endpoint_url=where, error=exc) from exc
-        return conn
-
-    def _give_back(self, conn: _Connection) -> None:
-        if conn.reusable:
-            self._idle.append(conn)
-        else:
-            conn.close()
-
-
-class Body:
-    """A response body being received; ``close`` returns its connection for reuse when the
-    body was read to its end, else closes it."""
-
-    def __init__(self, getter: FastGetter, conn: _Connection, response: Response) -> None:
-        self._getter = getter
-        self._conn = conn
-        self.response = response
-        self._done = False
-
-    async def chunk(self, idle: float) -> tuple[bytearray, int] | None:
-        got = await self._conn.chunk(idle)
-        if got is None:
-            self._done = True
-        return got
-
-    def release(self, buf: bytearray) -> None:
-        self._conn.release(buf)
-
-    def close(self) -> None:
-        if self._done:
-            self._getter._give_back(self._conn)
-        else:
-            self._conn.close()
-
-
-async def _client_error(conn: _Connection, response: Response, idle: float) -> Exception:
+async def client_error(
+    conn: Connection, response: Response, idle: float, operation: str
+) -> Exception:
     """The botocore ClientError an S3 error response stands for (as the client would raise)."""
     body = bytearray()
     try:
@@ -426,5 +299,5 @@ async def _client_error(conn: _Connection, response: Response, idle: float) -> E
     error: dict[str, Any] = {"Code": field("Code") or str(response.status),
                              "Message": field("Message")}
     meta = {"HTTPStatusCode": response.status, "HTTPHeaders": response.headers}
-    exc: Exception = bce.ClientError({"Error": error, "ResponseMetadata": meta}, "GetObject")
+    exc: Exception = bce.ClientError({"Error": error, "ResponseMetadata": meta}, operation)
     return exc
