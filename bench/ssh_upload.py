@@ -89,6 +89,7 @@ def commands(server: SSHServer, ckpt: Path, dest: Path, config: Path) -> dict[st
     traind = [sys.executable, __file__, "--worker", str(config), str(ckpt)]
     return {
         "traind sftp": [*traind, "sftp"],
+        "traind openssh": [*traind, "openssh"],
         "traind rsync": [*traind, "rsync"],
         "scp": ["scp", "-q", "-r", "-P", port, *opts, str(ckpt), f"{HOST}:{dest}/"],
         "scp -c aes128-gcm": [

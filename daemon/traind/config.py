@@ -105,7 +105,7 @@ class SSHStorage(Section):
     remote_path: str
     concurrency: int = Field(default=4, ge=1, le=64)
     keepalive: Duration = 15.0
-    transfer: Literal["sftp", "rsync"] = "sftp"
+    transfer: Literal["sftp", "openssh", "rsync"] = "sftp"
     connect_timeout: Duration = 30.0
     retries: int = Field(default=8, ge=0, description="reconnects per operation, then fail")
     backoff_initial: Duration = 0.5

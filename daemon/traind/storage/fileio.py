@@ -6,6 +6,9 @@ several can run at once on different cores.
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Generator
@@ -21,6 +24,40 @@ writes doubled local commit throughput (1 GiB: 0.56 -> 1.24 GB/s against 4 MiB w
 cut S3 restore CPU by ~0.4 s/GB against 256 KiB writes."""
 
 
+_FALLOC_FL_KEEP_SIZE = 1
+_NOT_SUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Reserve disk space for the ``size`` bytes about to be written to ``fd``.
+
+    A disk too full for them fails here, with ENOSPC, rather than half-way through; and
+    writes into reserved blocks cost less (ext4, 1 GiB in 32 KiB writes: 0.24 CPU s against
+    0.31). The file's size is left alone. A filesystem without ``fallocate`` (NFSv3, ...)
+    is written as it would have been: glibc's ``posix_fallocate`` would emulate it there by
+    writing every block, so this calls ``fallocate`` itself.
+    """
+    call = _fallocate()
+    if call is None or size <= 0:
+        return
+    if call(fd, _FALLOC_FL_KEEP_SIZE, 0, size) != 0:
+        err = ctypes.get_errno()
+        if err not in _NOT_SUPPORTED:
+            raise OSError(err, os.strerror(err))
+
+
+@functools.cache
+def _fallocate() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``fallocate``, or None where there is none."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    call.restype = ctypes.c_int
+    return call
+
+
 def copy_hashed(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[int, str]:
     """Copy ``src`` to ``dst`` (written then fsynced), hashing while reading.
 
@@ -31,6 +68,7 @@ def copy_hashed(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[i
     view = memoryview(buf)
     total = 0
     with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+        preallocate(fout.fileno(), os.fstat(fin.fileno()).st_size)
         while n := fin.readinto(buf):
             chunk = view[:n]
             digest.update(chunk)

@@ -4,8 +4,9 @@ Layout and contract are the local backend's: ``<remote_path>/<run>/<tag>/<path>`
 written as ``<name>.traind-part`` and renamed once whole and fsynced, the manifest
 ``traind-manifest.json`` written last by ``commit``. Every remote operation is an SFTP call
 (no shell), and tags and paths are validated again here before they become remote paths.
-The connection lives in ``ssh_link`` (host keys, reconnects), transfers in ``ssh_sftp`` and
-``ssh_rsync``.
+The connection lives in ``ssh_link`` (host keys, reconnects); file data moves by
+``transfer``: over asyncssh (``ssh_sftp``), over the system ssh client speaking SFTP
+(``ssh_openssh``), or with rsync (``ssh_rsync``). Metadata always goes over asyncssh.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from pathlib import Path
 import asyncssh
 import structlog
 
-from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.config import SSHStorage
 from traind.storage import ssh_rsync
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.keys import MANIFEST_NAME, check_component, check_relpath, check_tag
 from traind.storage.ssh_errors import translate
 from traind.storage.ssh_link import SSHLink
+from traind.storage.ssh_openssh import OpenSSHTransfer
 from traind.storage.ssh_sftp import (
     get_file,
     makedirs,
@@ -50,6 +52,7 @@ class SSHBackend:
         self._root = posixpath.join(config.remote_path, check_component(run, "run name"))
         self._link = SSHLink(config)
         self._rsync = ssh_rsync.RsyncTransfer(config, self._link)
+        self._openssh = OpenSSHTransfer(self._link) if config.transfer == "openssh" else None
 
     @property
     def describe(self) -> str:
@@ -78,10 +81,8 @@ class SSHBackend:
 
             async def one(f: LocalFile) -> None:
                 async with limit:
-                    _, sha = await self._link.call(
-                        f"upload {remote[f.path]}",
-                        lambda sftp: put_file(sftp, root / f.path, remote[f.path], session.advance),
-                    )
+                    _, sha = await self._put(root / f.path, remote[f.path], f.size,
+                                             session.advance)
                 await session.file_done(f.path, sha)
 
             async with task_group() as tg:
@@ -94,6 +95,22 @@ class SSHBackend:
             seconds=round(seconds, 3), mb_per_s=round(nbytes / 1e6 / max(seconds, 1e-6), 1),
             transfer=self._config.transfer,
         )
+
+    async def _put(
+        self, local: Path, remote: str, size: int, advance: Advance
+    ) -> tuple[int, str]:
+        if self._openssh:
+            return await self._openssh.put(local, remote, size, advance)
+        return await self._link.call(
+            f"upload {remote}", lambda sftp: put_file(sftp, local, remote, advance))
+
+    async def _get(
+        self, remote: str, local: Path, size: int, advance: Advance
+    ) -> tuple[int, str]:
+        if self._openssh:
+            return await self._openssh.get(remote, local, size, advance)
+        return await self._link.call(
+            f"download {remote}", lambda sftp: get_file(sftp, remote, local, advance))
 
     async def commit(self, manifest: Manifest) -> None:
         """Write the manifest (temporary name, fsync, rename): now the checkpoint exists."""
@@ -128,16 +145,14 @@ class SSHBackend:
         limit = asyncio.Semaphore(self._config.concurrency)
         hashes: dict[str, str] = {}
 
-        async def one(path: str) -> None:
+        async def one(entry: FileEntry) -> None:
             async with limit:
-                _, hashes[path] = await self._link.call(
-                    f"download {remote[path]}",
-                    lambda sftp: get_file(sftp, remote[path], dest / path, advance),
-                )
+                _, hashes[entry.path] = await self._get(
+                    remote[entry.path], dest / entry.path, entry.size, advance)
 
         async with task_group() as tg:
-            for path in remote:
-                tg.create_task(one(path))
+            for entry in manifest.files:
+                tg.create_task(one(entry))
         return hashes
 
     async def delete(self, tag: str) -> None:
@@ -167,6 +182,8 @@ class SSHBackend:
             await sftp.remove(probe)
             if self._config.transfer == "rsync":
                 await ssh_rsync.probe(link, conn)
+            if self._openssh:
+                await self._openssh.probe()
         except (asyncssh.Error, OSError) as exc:
             raise translate(exc, link.target, f"{step} {self._root}") from exc
         finally:
@@ -177,5 +194,7 @@ class SSHBackend:
         return 0
 
     async def aclose(self) -> None:
-        """Close the connections."""
+        """Close the connections (and stop the ssh processes of the openssh mode)."""
+        if self._openssh:
+            await self._openssh.aclose()
         await self._link.aclose()

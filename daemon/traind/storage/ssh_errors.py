@@ -47,19 +47,17 @@ class Target:
         return f"ssh-keyscan {port}{shlex.quote(self.host)}"
 
 
-def host_key_error(
-    target: Target, known_hosts: Path, offered: asyncssh.SSHKey | None
-) -> StorageError:
-    """The error for a host key that ``known_hosts`` does not vouch for: unknown or changed."""
+def host_key_error(target: Target, known_hosts: Path, offered: str) -> StorageError:
+    """The error for a host key that ``known_hosts`` does not vouch for: unknown or changed.
+
+    ``offered`` describes the key the server offered: its type and fingerprint, as known.
+    """
     kh = shlex.quote(str(known_hosts))
-    offered_desc = (
-        f"{offered.get_algorithm()} {offered.get_fingerprint()}" if offered else "a key"
-    )
     known = _known_keys(target, known_hosts)
     if known:
         listed = ", ".join(k.get_fingerprint() for k in known)
         return StorageError(
-            f"{target}: HOST KEY CHANGED: the server offered {offered_desc} but {known_hosts} "
+            f"{target}: HOST KEY CHANGED: the server offered {offered} but {known_hosts} "
             f"lists {listed} for {target.known_hosts_name}. Someone may be intercepting the "
             "connection (man-in-the-middle), or the host was reinstalled. Confirm the new "
             "fingerprint with the host's administrator, then replace the entry: "
@@ -68,8 +66,8 @@ def host_key_error(
         )
     missing = "" if known_hosts.is_file() else " (the file does not exist)"
     return StorageError(
-        f"{target}: host key not known: the server offered {offered_desc}, which is not in "
-        f"{known_hosts}{missing}. If that fingerprint is the host's, add it: "
+        f"{target}: host key not known: the server offered {offered}, which is not in "
+        f"{known_hosts}{missing}. If that is the host's key, add it: "
         f"{target.keyscan} >> {kh}"
     )
 
@@ -107,16 +105,37 @@ def translate(exc: BaseException, target: Target, action: str) -> StorageError:
     if isinstance(exc, asyncssh.ChannelOpenError):
         return TransientStorageError(f"{where}: server refused a channel: {exc.reason}")
     if isinstance(exc, socket.gaierror):
-        return TransientStorageError(
-            f"{target}: cannot resolve host name {target.host!r} (DNS): {exc.strerror or exc}"
-        )
+        return dns_error(target, exc.strerror or str(exc))
     if isinstance(exc, ConnectionRefusedError):
-        return TransientStorageError(
-            f"{target}: connection refused: nothing listens on port {target.port} "
-            "(is sshd running, is the port right?)"
-        )
+        return refused_error(target)
     if isinstance(exc, TimeoutError):
         return TransientStorageError(f"{where}: timed out")
     if isinstance(exc, OSError):
         return TransientStorageError(f"{where}: network error: {exc.strerror or exc}")
     return StorageError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def auth_error(target: Target, identity_file: Path | None) -> StorageError:
+    """The error for a server that accepted none of the keys offered."""
+    keys = (f"identity_file {identity_file}" if identity_file
+            else "ssh-agent and ~/.ssh/id_* keys")
+    return StorageError(
+        f"{target}: authentication failed: the server accepted none of the offered keys "
+        f"({keys}); add the public key to ~/.ssh/authorized_keys of {target.user} on "
+        f"{target.host}"
+    )
+
+
+def dns_error(target: Target, detail: str) -> TransientStorageError:
+    """The error for a host name that does not resolve (retried: DNS hiccups pass)."""
+    return TransientStorageError(
+        f"{target}: cannot resolve host name {target.host!r} (DNS): {detail}"
+    )
+
+
+def refused_error(target: Target) -> TransientStorageError:
+    """The error for a refused connection (retried: sshd may be restarting)."""
+    return TransientStorageError(
+        f"{target}: connection refused: nothing listens on port {target.port} "
+        "(is sshd running, is the port right?)"
+    )

@@ -24,7 +24,7 @@ import structlog
 
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.ssh_errors import Target, host_key_error, translate
+from traind.storage.ssh_errors import Target, auth_error, host_key_error, translate
 
 T = TypeVar("T")
 log = structlog.get_logger("traind.ssh")
@@ -44,6 +44,24 @@ CIPHERS = (
 def backoff(attempt: int, initial: float, cap: float) -> float:
     """Seconds to wait before retry number ``attempt`` (1-based): doubling, capped."""
     return min(cap, initial * 2.0 ** (attempt - 1))
+
+
+async def retrying(config: SSHStorage, action: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """Await ``attempt()`` until it succeeds or fails for good: after a TransientStorageError
+    it runs again, at most ``config.retries`` times, with capped exponential backoff."""
+    failures = 0
+    while True:
+        try:
+            return await attempt()
+        except TransientStorageError as exc:
+            failures += 1
+            if failures > config.retries:
+                raise
+            delay = backoff(failures, config.backoff_initial, config.backoff_max)
+            log.warning(
+                "ssh_retry", action=action, attempt=failures, retry_in=delay, error=str(exc)
+            )
+            await asyncio.sleep(delay)
 
 
 class _Client(asyncssh.SSHClient):
@@ -83,11 +101,7 @@ class SSHLink:
         """Open a new connection, host key verified; raise a translated StorageError."""
         cfg = self.config
         client = _Client()
-        if cfg.insecure_skip_host_key_check:
-            log.warning(
-                "ssh_host_key_check_disabled", host=cfg.host, port=cfg.port,
-                risk="anyone on the network path can impersonate the storage host",
-            )
+        self.warn_if_unverified()
         started = time.monotonic()
         try:
             conn, _ = await asyncssh.create_connection(
@@ -104,15 +118,11 @@ class SSHLink:
                 connect_timeout=cfg.connect_timeout,
             )
         except asyncssh.HostKeyNotVerifiable as exc:
-            raise host_key_error(self.target, self.known_hosts, client.offered) from exc
+            key = client.offered
+            offered = f"{key.get_algorithm()} {key.get_fingerprint()}" if key else "a key"
+            raise host_key_error(self.target, self.known_hosts, offered) from exc
         except asyncssh.PermissionDenied as exc:
-            keys = (f"identity_file {cfg.identity_file}" if cfg.identity_file
-                    else "ssh-agent and ~/.ssh/id_* keys")
-            raise StorageError(
-                f"{self.target}: authentication failed: the server accepted none of the "
-                f"offered keys ({keys}); add the public key to ~/.ssh/authorized_keys of "
-                f"{self.target.user} on {cfg.host}"
-            ) from exc
+            raise auth_error(self.target, cfg.identity_file) from exc
         except asyncssh.KeyImportError as exc:
             raise StorageError(
                 f"{self.target}: cannot load identity_file {cfg.identity_file}: {exc} (a key "
@@ -132,6 +142,14 @@ class SSHLink:
             seconds=round(time.monotonic() - started, 3),
         )
         return conn
+
+    def warn_if_unverified(self) -> None:
+        """Log the warning every connect without host-key verification must log."""
+        if self.config.insecure_skip_host_key_check:
+            log.warning(
+                "ssh_host_key_check_disabled", host=self.config.host, port=self.config.port,
+                risk="anyone on the network path can impersonate the storage host",
+            )
 
     def _known_hosts(self) -> str | asyncssh.SSHKnownHosts:
         if self.known_hosts.is_file():
@@ -177,28 +195,20 @@ class SSHLink:
         After ``retries`` reconnects the last error is raised as TransientStorageError, so
         the caller may try the whole operation again later.
         """
-        cfg = self.config
-        attempt = 0
-        while True:
-            session: _Session | None = None
+
+        async def attempt() -> T:
+            session = await self._lease()
             try:
-                session = await self._lease()
-                try:
-                    return await op(session.sftp)
-                finally:
-                    session.users -= 1
-            except Exception as exc:  # translated just below; only transient ones loop
+                return await op(session.sftp)
+            except Exception as exc:  # translated just below; only transient ones are retried
                 error = translate(exc, self.target, action)
-                attempt += 1
-                if not isinstance(error, TransientStorageError) or attempt > cfg.retries:
-                    raise error from exc
-            if session is not None:
-                session.conn.abort()  # whatever failed under it, the next call reconnects
-            delay = backoff(attempt, cfg.backoff_initial, cfg.backoff_max)
-            log.warning(
-                "ssh_retry", action=action, attempt=attempt, retry_in=delay, error=str(error)
-            )
-            await asyncio.sleep(delay)
+                if isinstance(error, TransientStorageError):
+                    session.conn.abort()  # whatever failed under it, the next try reconnects
+                raise error from exc
+            finally:
+                session.users -= 1
+
+        return await retrying(self.config, action, attempt)
 
     async def aclose(self) -> None:
         """Close every connection and wait (briefly) until they are closed."""

@@ -1,12 +1,11 @@
 """The optional ``transfer = "rsync"`` mode: the system ``rsync`` over ``ssh``.
 
-Same host-key policy as the SFTP mode (``StrictHostKeyChecking=yes`` against the same
-known_hosts, ``BatchMode=yes``). No shell string is built from a path: file names go to rsync
-NUL-separated on stdin (``--files-from=- --from0``) and ``--secluded-args`` hands the remote
-rsync its arguments through the protocol. rsync writes each file in a scratch directory
-(``--temp-dir``, removed afterwards), fsyncs it (``--fsync``) and renames it into place.
-sha256 for the manifest is computed locally while rsync runs; a rerun after a dropped
-connection skips the files rsync already finished.
+Same host-key policy as the SFTP mode (``ssh_command``). No shell string is built from a
+path: file names go to rsync NUL-separated on stdin (``--files-from=- --from0``) and
+``--secluded-args`` hands the remote rsync its arguments through the protocol. rsync writes
+each file in a scratch directory (``--temp-dir``, removed afterwards), fsyncs it (``--fsync``)
+and renames it into place. sha256 for the manifest is computed locally while rsync runs; a
+rerun after a dropped connection skips the files rsync already finished.
 """
 
 from __future__ import annotations
@@ -23,17 +22,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import asyncssh
-import structlog
 
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError, UnsafePathError
 from traind.storage.base import LocalFile, UploadSession
 from traind.storage.fileio import hash_file
-from traind.storage.ssh_errors import Target
-from traind.storage.ssh_link import CIPHERS, SSHLink, backoff
+from traind.storage.ssh_command import ssh_argv, ssh_failure
+from traind.storage.ssh_link import SSHLink, retrying
 from traind.storage.ssh_sftp import makedirs
-
-log = structlog.get_logger("traind.ssh")
 
 MIN_VERSION = (3, 2, 4)
 """The first rsync with ``--fsync`` (and ``--secluded-args``); needed at both ends."""
@@ -44,38 +40,6 @@ so temporary files left by a killed transfer do not outlive the upload."""
 
 # rsync exit codes worth a retry: socket I/O, protocol stream, timeouts, and 255 (ssh failed).
 _TRANSIENT_CODES = {5, 10, 12, 30, 35, 255}
-_PERMANENT_SSH = {
-    "Host key verification failed": "the host key is unknown or changed (see known_hosts)",
-    "Permission denied (publickey": "authentication failed",
-    "command not found": "rsync is not installed on the remote host",
-}
-
-
-def ssh_argv(config: SSHStorage, known_hosts: Path) -> list[str]:
-    """The ``ssh`` command rsync runs: key, port and host-key policy from ``config``."""
-    argv = [
-        "ssh", "-p", str(config.port),
-        "-o", "BatchMode=yes",
-        "-o", f"ConnectTimeout={max(1, round(config.connect_timeout))}",
-        "-o", f"ServerAliveInterval={max(1, round(config.keepalive))}",
-        "-o", "ServerAliveCountMax=3",
-        "-o", f"Ciphers=^{','.join(CIPHERS[:2])}",
-    ]
-    if config.user:
-        argv += ["-l", config.user]
-    if config.identity_file:
-        argv += ["-i", str(config.identity_file), "-o", "IdentitiesOnly=yes"]
-    if config.insecure_skip_host_key_check:
-        argv += [
-            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "LogLevel=ERROR",
-        ]
-    else:
-        argv += [
-            # Quoted: ssh splits this option on whitespace (it takes several files).
-            "-o", "StrictHostKeyChecking=yes", "-o", f'UserKnownHostsFile="{known_hosts}"',
-        ]
-    return argv
 
 
 def rsync_argv(config: SSHStorage, known_hosts: Path, root: Path, remote_dir: str) -> list[str]:
@@ -123,22 +87,9 @@ class RsyncTransfer:
     async def _run_with_retries(
         self, root: Path, remote_dir: str, files: Sequence[LocalFile]
     ) -> None:
-        cfg = self._config
-        argv = rsync_argv(cfg, self._link.known_hosts, root, remote_dir)
+        argv = rsync_argv(self._config, self._link.known_hosts, root, remote_dir)
         listing = b"\0".join(f.path.encode() for f in files) + b"\0"
-        attempt = 0
-        while True:
-            try:
-                await _run(argv, listing, self._link.target)
-                return
-            except TransientStorageError as exc:
-                attempt += 1
-                if attempt > cfg.retries:
-                    raise
-                delay = backoff(attempt, cfg.backoff_initial, cfg.backoff_max)
-                log.warning("ssh_retry", action="rsync", attempt=attempt, retry_in=delay,
-                            error=str(exc))
-                await asyncio.sleep(delay)
+        await retrying(self._config, "rsync", lambda: _run(argv, listing, self._link))
 
 
 async def probe(link: SSHLink, conn: asyncssh.SSHClientConnection) -> None:
@@ -189,7 +140,7 @@ async def _hash_all(root: Path, files: Sequence[LocalFile]) -> dict[str, str]:
     return dict(await asyncio.gather(*(one(f) for f in files)))
 
 
-async def _run(argv: list[str], listing: bytes, target: Target) -> None:
+async def _run(argv: list[str], listing: bytes, link: SSHLink) -> None:
     """Run rsync once; translate a failure into a (transient or permanent) StorageError."""
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
@@ -208,8 +159,9 @@ async def _run(argv: list[str], listing: bytes, target: Target) -> None:
         return
     text = stderr.decode(errors="replace").strip()
     tail = " | ".join(text.splitlines()[-3:])
-    for needle, meaning in _PERMANENT_SSH.items():
-        if needle in text:
-            raise StorageError(f"{target}: rsync failed: {meaning}: {tail}")
+    if known := ssh_failure(text, link):
+        raise known
+    if "command not found" in text:
+        raise StorageError(f"{link.target}: rsync is not installed on the remote host: {tail}")
     error = TransientStorageError if proc.returncode in _TRANSIENT_CODES else StorageError
-    raise error(f"{target}: rsync exited with {proc.returncode}: {tail}")
+    raise error(f"{link.target}: rsync exited with {proc.returncode}: {tail}")

@@ -48,8 +48,8 @@ async def put_file(
     Raises StorageError (not retried) when the local file cannot be read. On failure the
     progress reported through ``advance`` is taken back, so a retry does not count twice.
     """
-    with _counted(advance) as counted:
-        return await _put_file(sftp, local, remote, counted)
+    with counted(advance) as moved:
+        return await _put_file(sftp, local, remote, moved)
 
 
 async def _put_file(
@@ -85,8 +85,8 @@ async def get_file(
 
     Like ``put_file``, progress is taken back on failure.
     """
-    with _counted(advance) as counted:
-        return await _get_file(sftp, remote, local, counted)
+    with counted(advance) as moved:
+        return await _get_file(sftp, remote, local, moved)
 
 
 async def _get_file(
@@ -199,13 +199,13 @@ class _Counted:
 
 
 @contextlib.contextmanager
-def _counted(advance: Advance) -> Iterator[_Counted]:
+def counted(advance: Advance) -> Iterator[_Counted]:
     """Count what the block reports through ``advance``; take it back if the block fails."""
-    counted = _Counted(advance)
+    tally = _Counted(advance)
     try:
-        yield counted
+        yield tally
     except BaseException:
-        counted.rewind()
+        tally.rewind()
         raise
 
 

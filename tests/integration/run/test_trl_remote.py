@@ -1,5 +1,5 @@
 """A real tiny TRL run supervised by ``traind run`` streams to each remote backend — a real
-SeaweedFS S3 server and a real OpenSSH sshd in both transfer modes — and restores from it."""
+SeaweedFS S3 server and a real OpenSSH sshd in every transfer mode — and restores from it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture(params=["s3", "ssh-sftp", "ssh-rsync"])
+@pytest.fixture(params=["s3", "ssh-sftp", "ssh-openssh", "ssh-rsync"])
 def storage_section(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The [storage] body for a freshly started real server of each kind."""
     if request.param == "s3":

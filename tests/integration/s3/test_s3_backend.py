@@ -117,8 +117,9 @@ async def test_permanent_errors_fail_fast(
     s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
     overrides: dict[str, str], message: str, puts: list[str],
 ) -> None:
-    """A wrong bucket or credential raises StorageError naming the problem, without retries."""
-    files = make_checkpoint(tmp_path, {"a.bin": 1000})
+    """A wrong bucket or credential raises StorageError naming the problem, without retries
+    (a 4 MiB body: the store may answer before it has read it all)."""
+    files = make_checkpoint(tmp_path, {"a.bin": 4 * MIB})
     backend = backends(s3_config(s3_server, **({"bucket": bucket} | overrides)))
     started = time.monotonic()
     with pytest.raises(StorageError, match=message) as info:

@@ -18,10 +18,13 @@ from tests.support.sshd import HOST, SSHServer
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.config import SSHStorage
+from traind.errors import StorageError
 from traind.storage.base import LocalFile, Storage
 
 StartSSHD = Callable[..., SSHServer]
 MakeBackend = Callable[..., Storage]
+TRANSFER_TOOLS = {"openssh": ("ssh",), "rsync": ("rsync", "ssh")}
+"""Executables each transfer mode runs on this side."""
 
 
 @pytest.fixture
@@ -71,13 +74,16 @@ def ssh_config(server: SSHServer, remote: Path, **overrides: Any) -> SSHStorage:
 
 @pytest.fixture
 async def make_backend(remote: Path) -> AsyncIterator[MakeBackend]:
-    """Build SSH backends for a server (config overrides as keywords); closed at teardown."""
+    """Build SSH backends for a server (config overrides as keywords; skipped when the
+    transfer mode's tools are missing); closed at teardown."""
     need_module("asyncssh")
     from traind.storage.ssh import SSHBackend
 
     backends: list[SSHBackend] = []
 
     def make(server: SSHServer, run: str = "run1", **overrides: Any) -> SSHBackend:
+        for tool in TRANSFER_TOOLS.get(overrides.get("transfer", "sftp"), ()):
+            need_binary(tool)
         backend = SSHBackend(ssh_config(server, remote, **overrides), run)
         backends.append(backend)
         return backend
@@ -86,6 +92,29 @@ async def make_backend(remote: Path) -> AsyncIterator[MakeBackend]:
     async with asyncio.timeout(10):
         for backend in backends:
             await backend.aclose()
+
+
+@pytest.fixture
+def openssh_error(remote: Path) -> Callable[..., Awaitable[StorageError]]:
+    """``await openssh_error(server, **overrides)``: the error the openssh mode's own ssh
+    connection fails with (no asyncssh connection before it), config as ``ssh_config``."""
+    need_binary("ssh")
+    need_module("asyncssh")
+    from traind.storage.ssh_link import SSHLink
+    from traind.storage.ssh_openssh import OpenSSHTransfer
+
+    async def probe(server: SSHServer, **overrides: Any) -> StorageError:
+        config = ssh_config(server, remote, transfer="openssh", retries=0, **overrides)
+        transfer = OpenSSHTransfer(SSHLink(config))
+        try:
+            async with asyncio.timeout(20):
+                with pytest.raises(StorageError) as caught:
+                    await transfer.probe()
+        finally:
+            await asyncio.wait_for(transfer.aclose(), 10)
+        return caught.value
+
+    return probe
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,6 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 from tests.support.net import free_port
-from tests.support.requires import need_binary
 from tests.support.sshd import SSHServer, keygen
 
 from traind.checkpoints.journal import Journal, JournalSession
@@ -50,21 +50,20 @@ class CountingSession(JournalSession):
         await super().file_done(path, sha256)
 
 
-@pytest.mark.parametrize("transfer", ["sftp", "rsync"])
+@pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])
 async def test_sshd_restart_mid_upload_commits_once(
     transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint,
     journal: Journal, store: Store, remote: Path, tmp_path: Path,
 ) -> None:
     """sshd killed in the middle of a file and restarted: the upload resumes, finished files
     are not sent again, and the checkpoint is committed exactly once."""
-    if transfer == "rsync":
-        need_binary("rsync")
     backend = make_backend(sshd, transfer=transfer, concurrency=1, retries=12,
                            backoff_initial=0.05, backoff_max=0.4)
     tag, tag_dir = "checkpoint-9", remote / "store" / "run1" / "checkpoint-9"
     root, files = checkpoint(tag, FILES)
     session = CountingSession(journal, tag)
-    killed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    killed = threading.Event()
     stored_before_kill: dict[str, int] = {}  # name -> inode
     restarting: list[asyncio.Task[None]] = []
 
@@ -73,14 +72,16 @@ async def test_sshd_restart_mid_upload_commits_once(
         await sshd.start()
 
     def kill_now() -> None:
+        # Called on the loop (sftp, rsync) or in the transfer's thread (openssh): either way
+        # no byte moves until the kill is done.
         if not killed.is_set():
             killed.set()
-            sshd.stop_sync()  # on the loop thread: no byte moves until the kill is done
+            sshd.stop_sync()
             stored_before_kill.update(
                 {p.name: p.stat().st_ino for p in tag_dir.iterdir() if p.name in FILES})
-            restarting.append(asyncio.get_running_loop().create_task(restart()))
+            loop.call_soon_threadsafe(lambda: restarting.append(loop.create_task(restart())))
 
-    if transfer == "sftp":
+    if transfer != "rsync":
         # Kill once 4 MiB of the large file are written (files go one at a time, in order).
         before_large = len(FILES["a-config.json"]) + len(FILES["b-small.bin"])
 
@@ -187,14 +188,12 @@ async def test_probe_says_what_fails(
         assert "permission denied" in str(caught.value)
 
 
-@pytest.mark.parametrize("transfer", ["sftp", "rsync"])
+@pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])
 async def test_probe_passes_and_leaves_nothing_behind(
     transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], remote: Path
 ) -> None:
     """A successful probe creates remote_path and removes its probe file (rsync mode also
-    checks rsync runs at both ends)."""
-    if transfer == "rsync":
-        need_binary("rsync")
+    checks rsync runs at both ends, openssh mode that ssh starts the SFTP subsystem)."""
     async with asyncio.timeout(20):
         await make_backend(sshd, transfer=transfer).probe()
     assert [p.relative_to(remote).as_posix() for p in remote.rglob("*")] == [

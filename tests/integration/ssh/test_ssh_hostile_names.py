@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.requires import need_binary
 from tests.support.sshd import SSHServer
 
 from traind.checkpoints.manifest import FileEntry, Manifest
@@ -65,7 +64,7 @@ async def test_hostile_tag_is_rejected_everywhere(
     assert sshd.sftp_operations() == []  # not even a connection was needed
 
 
-@pytest.mark.parametrize("transfer", ["sftp", "rsync"])
+@pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])
 @pytest.mark.parametrize("path", HOSTILE_PATHS)
 async def test_hostile_file_name_is_rejected(
     path: str, transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], remote: Path,
@@ -82,14 +81,12 @@ async def test_hostile_file_name_is_rejected(
     assert list(remote.iterdir()) == []
 
 
-@pytest.mark.parametrize("transfer", ["sftp", "rsync"])
+@pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])
 async def test_option_like_names_are_stored_safely(
     transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint,
     store: Store, remote: Path, tmp_path: Path,
 ) -> None:
     """Valid names that look like options or hidden files land exactly where they belong."""
-    if transfer == "rsync":
-        need_binary("rsync")
     backend = make_backend(sshd, transfer=transfer)
     contents = {
         "-e": b"dash e", "--delete": b"dash dash delete", "..a": b"dot dot a",

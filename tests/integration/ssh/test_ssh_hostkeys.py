@@ -104,7 +104,7 @@ def test_rsync_ssh_command_refuses_unknown_host_key(sshd: SSHServer, tmp_path: P
     """The ssh command rsync mode runs checks host keys strictly and never prompts."""
     need_binary("ssh")
     from traind.config import SSHStorage
-    from traind.storage.ssh_rsync import ssh_argv
+    from traind.storage.ssh_command import ssh_argv
 
     known_hosts = tmp_path / "empty_known_hosts"
     known_hosts.write_text("")
@@ -123,6 +123,26 @@ def test_rsync_ssh_command_refuses_unknown_host_key(sshd: SSHServer, tmp_path: P
         capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL,
     )
     assert accepted.returncode == 0, accepted.stderr
+
+
+@pytest.mark.parametrize("case", ["unknown", "changed"])
+async def test_openssh_mode_refuses_unknown_and_changed_host_keys(
+    case: str, sshd: SSHServer, openssh_error: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The system ssh of the openssh mode checks host keys itself, and its refusal says what
+    the SFTP mode says: unknown -> ssh-keyscan, changed -> HOST KEY CHANGED, ssh-keygen -R."""
+    known_hosts = tmp_path / "known_hosts"
+    other = keygen(tmp_path / "other_host_key")
+    known_hosts.write_text("" if case == "unknown" else sshd.known_hosts_line(other.public) + "\n")
+    message = str(await openssh_error(sshd, known_hosts=known_hosts))
+    if case == "unknown":
+        assert "host key not known: the server offered an ED25519 key" in message
+        assert f"ssh-keyscan -p {sshd.port} {HOST} >> {known_hosts}" in message
+    else:
+        assert "HOST KEY CHANGED" in message
+        assert _fingerprint(sshd.host_key.public) in message  # what the server offered
+        assert _fingerprint(other.public) in message  # what known_hosts expected
+        assert f"ssh-keygen -R '[{HOST}]:{sshd.port}'" in message
 
 
 class _NoSession:

@@ -1,0 +1,324 @@
+"""An SFTP client over the pipes of one ``ssh`` process, blocking: the ``openssh`` mode's data path.
+
+It runs in its connection's own worker thread, so the event loop pays nothing per packet.
+Uploads read each request's worth of the local file with ``preadv`` into one reusable buffer
+and hash it there (hashlib releases the GIL), then write the packet header and ``splice`` the
+same file range into the pipe: the kernel hands ssh the page-cache pages just hashed, so the
+data is copied once into this process, for the hash, and never through a pipe buffer. Against
+``writev`` of the buffer that cut client CPU from 1.94 to 1.76 s/GB (bench/ssh_upload.py; a
+pipe write and ssh's read of it cost ~0.6 s/GB together, spliced pages ~0.2). Downloads read
+each DATA payload straight into a reusable buffer, hash it and write it out. ``REQUESTS``
+requests are kept outstanding so ssh never waits for us; that cannot deadlock, because the
+replies to what is outstanding always fit in the pipes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+from traind.errors import StorageError, TransientStorageError
+from traind.storage import ssh_wire as wire
+from traind.storage.base import Advance
+from traind.storage.fileio import WRITE_PIECE, hash_file, preallocate
+from traind.storage.local import PART_SUFFIX
+
+if TYPE_CHECKING:
+    from hashlib import _Hash as Hash
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+REQUESTS = 64
+"""Requests outstanding per file, as OpenSSH's own sftp client keeps."""
+
+DEFAULT_REQUEST = 32 * 1024
+"""Bytes per READ/WRITE when the server states no limits: what every server must accept."""
+
+MAX_REQUEST = 256 * 1024
+"""Bytes per READ/WRITE at most, whatever the server allows (bounds the buffers)."""
+
+NEEDED = (wire.FSYNC, wire.POSIX_RENAME)
+"""Extensions the server must offer: a durable file before the rename, an atomic rename."""
+
+_RECV = 64 * 1024
+_READ = wire.OpenFlag.READ
+_CREATE = wire.OpenFlag.WRITE | wire.OpenFlag.CREATE | wire.OpenFlag.TRUNCATE
+
+
+class ConnectionLost(TransientStorageError):
+    """The ssh process closed its pipes: the connection dropped, or never came up."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """Bytes per WRITE and per READ request to this server."""
+
+    write: int
+    read: int
+
+
+class SFTPPipe:
+    """SFTP v3 over a write and a read file descriptor; used by one thread at a time."""
+
+    def __init__(self, wfd: int, rfd: int, where: str) -> None:
+        self._wfd = wfd
+        self._rfd = rfd
+        self._where = where
+        self._inbox = bytearray()
+        self._last_id = 0
+        self._buffer = memoryview(bytearray(DEFAULT_REQUEST))
+        self.server = Server(DEFAULT_REQUEST, DEFAULT_REQUEST)
+
+    def close(self) -> None:
+        """Close both descriptors (once no thread uses them any more)."""
+        os.close(self._wfd)
+        os.close(self._rfd)
+
+    def handshake(self) -> Server:
+        """INIT → VERSION (which must offer the ``NEEDED`` extensions), then the server's
+        limits if it states them."""
+        self._send(wire.init())
+        kind, _, length = wire.header(self._take(wire.HEADER))
+        if kind != wire.Reply.VERSION:
+            raise wire.ProtocolError(f"a packet of type {kind} instead of VERSION")
+        offered = wire.extensions(self._take(length))
+        missing = [name for name in NEEDED if name not in offered]
+        if missing:
+            raise StorageError(
+                f"{self._where}: the SFTP server does not offer {', '.join(missing)}, which "
+                'transfer = "openssh" needs; use transfer = "sftp"'
+            )
+        write = read = DEFAULT_REQUEST
+        if wire.LIMITS in offered:
+            limits = wire.limits(self._call("ask for limits", wire.extended(
+                self._id(), wire.LIMITS), wire.Reply.EXTENDED_REPLY))
+            write = min(limits.write or DEFAULT_REQUEST, MAX_REQUEST)
+            read = min(limits.read or DEFAULT_REQUEST, MAX_REQUEST)
+        self.server = Server(write, read)
+        self._buffer = memoryview(bytearray(max(write, read)))
+        return self.server
+
+    def put(self, local: Path, remote: str, advance: Advance) -> tuple[int, str]:
+        """Upload ``local`` as ``remote`` (temporary name, fsync, rename); (bytes, sha256)."""
+        part = remote + PART_SUFFIX
+        digest = hashlib.sha256()
+        try:
+            fd = os.open(local, os.O_RDONLY)
+        except OSError as exc:
+            raise StorageError(f"cannot read {local}: {exc.strerror or exc}") from exc
+        try:
+            handle = self._open(part, _CREATE)
+            total = self._write_all(handle, fd, local, digest, advance)
+        finally:
+            os.close(fd)
+        self._ok(f"fsync {part}", wire.extended(self._id(), wire.FSYNC, wire.string(handle)))
+        self._ok(f"close {part}", wire.close(self._id(), handle))
+        names = wire.string(part.encode()) + wire.string(remote.encode())
+        self._ok(f"rename {part}", wire.extended(self._id(), wire.POSIX_RENAME, names))
+        return total, digest.hexdigest()
+
+    def get(self, remote: str, local: Path, advance: Advance) -> tuple[int, str]:
+        """Download ``remote`` into ``local`` (written, then fsynced); (bytes, sha256)."""
+        handle = self._open(remote, _READ)
+        size = wire.size(self._call(f"stat {remote}", wire.fstat(self._id(), handle),
+                                    wire.Reply.ATTRS))
+        if size is None:
+            raise StorageError(f"{self._where}: stat {remote}: the server did not say its size")
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        except OSError as exc:
+            raise StorageError(f"cannot write {local}: {exc.strerror or exc}") from exc
+        try:
+            preallocate(fd, size)
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError(f"cannot write {local}: {exc.strerror or exc}") from exc
+        try:
+            total, sha = self._read_all(handle, size, fd, local, advance)
+            _local(local, os.fsync, fd)
+        finally:
+            os.close(fd)
+        self._ok(f"close {remote}", wire.close(self._id(), handle))
+        return total, sha
+
+    def _write_all(
+        self, handle: bytes, fd: int, local: Path, digest: Hash, advance: Advance
+    ) -> int:
+        buf = self._buffer[: self.server.write]
+        pending: dict[int, int] = {}
+        offset = 0
+        while n := _local(local, os.preadv, fd, [buf], offset):
+            digest.update(buf[:n])
+            req_id = self._id()
+            self._send(wire.write_header(req_id, handle, offset, n))
+            self._splice(fd, offset, n, local)
+            pending[req_id] = n
+            offset += n
+            while len(pending) >= REQUESTS:
+                advance(self._ack(pending, local))
+        while pending:
+            advance(self._ack(pending, local))
+        return offset
+
+    def _splice(self, fd: int, offset: int, n: int, local: Path) -> None:
+        """Hand ``n`` bytes of the local file at ``offset`` to the pipe: the kernel passes
+        the page-cache pages just hashed, nothing is copied through this process."""
+        end = offset + n
+        while offset < end:
+            try:
+                moved = os.splice(fd, self._wfd, end - offset, offset_src=offset)
+            except BrokenPipeError as exc:
+                raise ConnectionLost(f"{self._where}: connection lost") from exc
+            except OSError as exc:
+                raise StorageError(f"local file {local}: {exc.strerror or exc}") from exc
+            if not moved:
+                raise StorageError(f"local file {local}: shrank while being sent")
+            offset += moved
+
+    def _ack(self, pending: dict[int, int], local: Path) -> int:
+        kind, req_id, length = wire.header(self._take(wire.HEADER))
+        fields = self._take(length)
+        if req_id not in pending or kind != wire.Reply.STATUS:
+            raise wire.ProtocolError(f"an unexpected reply (type {kind}) to a write")
+        self._check(f"write {local.name}", fields)
+        return pending.pop(req_id)
+
+    def _read_all(
+        self, handle: bytes, size: int, fd: int, local: Path, advance: Advance
+    ) -> tuple[int, str]:
+        """Pipelined READs, each payload written at its offset. Replies in order (OpenSSH's
+        server always answers so) are hashed as they arrive; otherwise the file is hashed
+        again from disk at the end, so the hash is always of what was written."""
+        buf = self._buffer[: self.server.read]
+        todo = [(offset, min(len(buf), size - offset))
+                for offset in reversed(range(0, size, len(buf)))]
+        pending: dict[int, tuple[int, int]] = {}
+        digest, hashed, in_order, end = hashlib.sha256(), 0, True, size
+        while todo or pending:
+            while todo and len(pending) < REQUESTS:
+                span = todo.pop()
+                if span[0] < end:
+                    req_id = self._id()
+                    self._send(wire.read(req_id, handle, *span))
+                    pending[req_id] = span
+            if not pending:
+                break
+            kind, req_id, length = wire.header(self._take(wire.HEADER))
+            if req_id not in pending:
+                raise wire.ProtocolError(f"a reply to request {req_id}, which is not pending")
+            offset, wanted = pending.pop(req_id)
+            if kind == wire.Reply.STATUS:
+                code, message = wire.status(self._take(length))
+                if code != wire.Status.EOF:
+                    raise self._error(f"read {local.name}", code, message)
+                end = min(end, offset)  # the file shrank since FSTAT
+                continue
+            n = wire.data_length(self._take(4)) if kind == wire.Reply.DATA and length > 4 else 0
+            if not 0 < n <= wanted or n != length - 4:
+                raise wire.ProtocolError(f"an unexpected reply (type {kind}) to a read")
+            chunk = buf[:n]
+            self._take_into(chunk)
+            for start in range(0, n, WRITE_PIECE):
+                _local(local, os.pwrite, fd, chunk[start : start + WRITE_PIECE], offset + start)
+            in_order = in_order and offset == hashed
+            if in_order:
+                digest.update(chunk)
+                hashed += n
+            if n < wanted:  # a short read: ask for the rest
+                todo.append((offset + n, wanted - n))
+            advance(n)
+        if in_order:
+            return hashed, digest.hexdigest()
+        return _local(local, hash_file, local)
+
+    def _open(self, path: str, flags: int) -> bytes:
+        return wire.handle(self._call(
+            f"open {path}", wire.open_file(self._id(), path.encode(), flags), wire.Reply.HANDLE))
+
+    def _ok(self, action: str, request: bytes) -> None:
+        self._call(action, request, wire.Reply.STATUS)
+
+    def _call(self, action: str, request: bytes, expect: wire.Reply) -> bytes:
+        """Send one request, wait for its reply: its fields, or a StorageError."""
+        self._send(request)
+        kind, _, length = wire.header(self._take(wire.HEADER))
+        fields = self._take(length)
+        if kind == wire.Reply.STATUS:
+            self._check(action, fields)
+            if expect != wire.Reply.STATUS:
+                raise wire.ProtocolError(f"{action}: a bare status instead of a reply")
+        elif kind != expect:
+            raise wire.ProtocolError(f"{action}: a packet of type {kind}")
+        return fields
+
+    def _check(self, action: str, fields: bytes) -> None:
+        code, message = wire.status(fields)
+        if code != wire.Status.OK:
+            raise self._error(action, code, message)
+
+    def _error(self, action: str, code: int, message: str) -> StorageError:
+        where = f"{self._where}: {action}"
+        if code in {wire.Status.NO_CONNECTION, wire.Status.CONNECTION_LOST}:
+            return ConnectionLost(f"{where}: connection lost: {message}")
+        if code == wire.Status.PERMISSION_DENIED:
+            return StorageError(f"{where}: permission denied on the remote host: {message}")
+        return StorageError(f"{where}: remote error: {message}")
+
+    def _id(self) -> int:
+        self._last_id = (self._last_id + 1) & 0xFFFFFFFF
+        return self._last_id
+
+    def _send(self, *parts: bytes | memoryview) -> None:
+        views = [memoryview(p) for p in parts]
+        while views:
+            sent = _pipe(self._where, os.writev, self._wfd, views)
+            while views and sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            if views:  # a signal cut the write short
+                views[0] = views[0][sent:]
+
+    def _take(self, n: int) -> bytes:
+        while len(self._inbox) < n:
+            self._inbox += self._read(_RECV)
+        data = bytes(self._inbox[:n])
+        del self._inbox[:n]
+        return data
+
+    def _take_into(self, view: memoryview) -> None:
+        have = min(len(self._inbox), len(view))
+        with memoryview(self._inbox) as inbox:
+            view[:have] = inbox[:have]
+        del self._inbox[:have]
+        while have < len(view):
+            n = _pipe(self._where, os.readv, self._rfd, [view[have:]])
+            if not n:
+                raise ConnectionLost(f"{self._where}: connection lost")
+            have += n
+
+    def _read(self, n: int) -> bytes:
+        data = _pipe(self._where, os.read, self._rfd, n)
+        if not data:
+            raise ConnectionLost(f"{self._where}: connection lost")
+        return data
+
+
+def _local(path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Local file work; its OSError becomes a (not retried) StorageError."""
+    try:
+        return fn(*args, **kwargs)
+    except OSError as exc:
+        raise StorageError(f"local file {path}: {exc.strerror or exc}") from exc
+
+
+def _pipe(where: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Work on ssh's pipes; its OSError means ssh is gone."""
+    try:
+        return fn(*args, **kwargs)
+    except OSError as exc:
+        raise ConnectionLost(f"{where}: connection lost: {exc.strerror or exc}") from exc
