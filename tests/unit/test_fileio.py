@@ -28,11 +28,10 @@ def test_preallocate_fails_up_front_when_the_disk_cannot_hold_it(tmp_path: Path)
     """A file larger than the filesystem fails before a byte is written (ENOSPC/EFBIG)."""
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(OSError, match=r"No space left|too large"):
             preallocate(fd, 1 << 50)
     finally:
         os.close(fd)
-    assert caught.value.errno in {28, 27}  # ENOSPC, EFBIG
 
 
 def test_copy_hashed_copies_every_byte(tmp_path: Path) -> None:
