@@ -210,14 +210,15 @@ def run_tools(
     after_each: Callable[[str], None],
     repeat: int,
 ) -> list[Result]:
-    """Measure each installed tool ``repeat`` times in interleaved rounds (so no tool always
-    runs first, on cold memory), keeping its fastest run; ``commands(tool)`` builds the
-    command lines after ``before_each(tool)`` ran."""
+    """Measure each installed tool ``repeat`` times in rounds, each round starting one tool
+    later (so no tool always runs first, or right after another), keeping its fastest run;
+    ``commands(tool)`` builds the command lines after ``before_each(tool)`` ran."""
     available = [tool for tool, argv in commands("").items() if argv is not None]
     missing = [tool for tool, argv in commands("").items() if argv is None]
     runs: dict[str, list[Result]] = {tool: [] for tool in available}
-    for _ in range(repeat):
-        for tool in available:
+    for round_ in range(repeat):
+        shift = round_ % len(available)
+        for tool in available[shift:] + available[:shift]:
             before_each(tool)
             try:
                 argv = commands(tool)[tool]
@@ -317,6 +318,12 @@ def run_all(
             lambda tool: upload_commands(src, server.endpoint, bucket_of.get(tool, "x")),
             server, nbytes, new_bucket, drop_bucket, repeat,
         )
+        # Warm the server up for the restores too (untimed): whoever restores first would
+        # otherwise also pay for reading the objects back into the server's memory.
+        for obj in client.list_objects_v2(Bucket=kept["traind"]).get("Contents", []):
+            for _ in client.get_object(Bucket=kept["traind"], Key=obj["Key"])["Body"] \
+                    .iter_chunks(8 * 1024 * 1024):
+                pass
         restore = run_tools(
             "restore",
             lambda tool: download_commands(dest, server.endpoint, kept["traind"]),
