@@ -21,7 +21,6 @@ import asyncio
 import itertools
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.inside import read, recorded
 from tests.support.seaweed import (
     ACCESS_KEY,
     REGION,
@@ -124,9 +124,8 @@ def measure(tool: str, argv: list[str], env: dict[str, str], server: SeaweedS3,
     result = Result(tool, seconds, usage.ru_utime + usage.ru_stime, peak_kb / 1024,
                     server_cpu(server.proc.pid) - before, nbytes)
     if tool.startswith("traind"):
-        inside = json.loads(INSIDE.read_text())
-        result = replace(result, seconds=inside["seconds"], cpu=inside["cpu"],
-                         startup=seconds - inside["seconds"])
+        wall, cpu = read(INSIDE)
+        result = replace(result, seconds=wall, cpu=cpu, startup=seconds - wall)
     return result
 
 
@@ -367,17 +366,6 @@ class _Session:
         pass
 
 
-def _cpu_now() -> float:
-    """CPU seconds of this process, all threads, so far."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    return own.ru_utime + own.ru_stime
-
-
-def _write_inside(path: str, started: float, cpu: float) -> None:
-    Path(path).write_text(json.dumps(
-        {"seconds": time.monotonic() - started, "cpu": _cpu_now() - cpu}))
-
-
 async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> None:
     from traind.checkpoints.manifest import FileEntry, Manifest
     from traind.storage.base import LocalFile
@@ -390,11 +378,10 @@ async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> N
     session = _Session()
     try:
         await backend.manifests()  # a daemon has its client open (it listed at start-up)
-        started, cpu = time.monotonic(), _cpu_now()
-        await backend.upload("checkpoint-1", root, files, session)
-        entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
-        await backend.commit(Manifest(run="run", tag="checkpoint-1", step=1, files=entries))
-        _write_inside(inside, started, cpu)
+        with recorded(Path(inside)):
+            await backend.upload("checkpoint-1", root, files, session)
+            entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
+            await backend.commit(Manifest(run="run", tag="checkpoint-1", step=1, files=entries))
     finally:
         await backend.aclose()
 
@@ -407,10 +394,9 @@ async def _traind_download(endpoint: str, bucket: str, dest: str, inside: str) -
     assert isinstance(backend, S3Backend)
     try:
         (manifest,) = await backend.manifests()
-        started, cpu = time.monotonic(), _cpu_now()
-        hashes = await backend.download(manifest, Path(dest), lambda n: None)
-        verify(manifest, {p: ((Path(dest) / p).stat().st_size, h) for p, h in hashes.items()})
-        _write_inside(inside, started, cpu)
+        with recorded(Path(inside)):
+            hashes = await backend.download(manifest, Path(dest), lambda n: None)
+            verify(manifest, {p: ((Path(dest) / p).stat().st_size, h) for p, h in hashes.items()})
     finally:
         await backend.aclose()
 

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import shlex
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.inside import read, recorded  # noqa: E402
 from tests.support.sshd import HOST, SSHServer, descendants  # noqa: E402
 
 from traind.units import format_size, parse_size  # noqa: E402
@@ -192,9 +192,8 @@ def run(args: argparse.Namespace) -> None:
                     subprocess.run(["sync"], check=True, timeout=300)
                     r = measure(tool, argv, server, timeout=args.timeout)
                     if tool.startswith("traind"):
-                        inside = json.loads(config.with_suffix(".result").read_text())
-                        r = replace(r, seconds=inside["seconds"], cpu=inside["cpu"],
-                                    startup=r.seconds - inside["seconds"])
+                        wall, cpu = read(config.with_suffix(".result"))
+                        r = replace(r, seconds=wall, cpu=cpu, startup=r.seconds - wall)
                     got = stored_bytes(dest)
                     if got != total:
                         raise RuntimeError(f"{tool} stored {got} bytes, expected {total}")
@@ -256,23 +255,16 @@ async def worker(config_path: Path, ckpt: Path, transfer: str) -> None:
         async def save_state(self, path: str, state: str) -> None:
             pass
 
-    started, cpu = time.monotonic(), _cpu_now()
-    try:
-        await backend.upload(ckpt.name, ckpt, files, Session())
-        entries = tuple(FileEntry(f.path, f.size, done[f.path]) for f in files)
-        await backend.commit(Manifest(run="bench", tag=ckpt.name, step=1000, files=entries))
-    finally:
-        await backend.aclose()
-    # What a running daemon spends: the upload without interpreter start-up and imports.
-    inside = {"seconds": time.monotonic() - started, "cpu": _cpu_now() - cpu}
-    config_path.with_suffix(".result").write_text(json.dumps(inside))
-
-
-def _cpu_now() -> float:
-    """CPU seconds of this process (all threads) and its waited-for children so far."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    # What a running daemon spends: the upload without interpreter start-up and imports
+    # (closing included: ssh processes' CPU is counted once they are reaped).
+    with recorded(config_path.with_suffix(".result")):
+        try:
+            await backend.upload(ckpt.name, ckpt, files, Session())
+            entries = tuple(FileEntry(f.path, f.size, done[f.path]) for f in files)
+            await backend.commit(Manifest(run="bench", tag=ckpt.name, step=1000,
+                                          files=entries))
+        finally:
+            await backend.aclose()
 
 
 def main() -> None:

@@ -46,6 +46,19 @@ def preallocate(fd: int, size: int) -> None:
             raise OSError(err, os.strerror(err))
 
 
+def create(path: Path, size: int) -> int:
+    """Create (or truncate) ``path`` for ``size`` bytes about to be written, its directory
+    too, with the space reserved (``preallocate``); return its descriptor (read-write)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        preallocate(fd, size)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 @functools.cache
 def _fallocate() -> Callable[[int, int, int, int], int] | None:
     """libc's ``fallocate``, or None where there is none."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from traind.errors import IntegrityError, StorageError
-from traind.storage.fileio import WRITE_PIECE, preallocate
+from traind.storage.fileio import WRITE_PIECE, create
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct
 from traind.storage.s3_errors import retrying
@@ -130,7 +130,7 @@ async def fetch_file(
 
     Ranges are received by ``direct`` when given (``s3_direct``), else through aiobotocore.
     """
-    fd = await asyncio.to_thread(_open_for_write, target, size)
+    fd = await asyncio.to_thread(create, target, size)
     try:
         asm = Assembler(fd, size)
         async with task_group() as tg:
@@ -146,17 +146,6 @@ async def fetch_file(
         raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
-
-
-def _open_for_write(target: Path, size: int) -> int:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        preallocate(fd, size)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
 
 
 async def _fetch_range(

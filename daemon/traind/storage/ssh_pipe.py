@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from traind.errors import StorageError, TransientStorageError
 from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
-from traind.storage.fileio import WRITE_PIECE, hash_file, preallocate
+from traind.storage.fileio import WRITE_PIECE, create, hash_file
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -130,14 +130,8 @@ class SFTPPipe:
         if size is None:
             raise StorageError(f"{self._where}: stat {remote}: the server did not say its size")
         try:
-            local.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            fd = create(local, size)
         except OSError as exc:
-            raise StorageError(f"cannot write {local}: {exc.strerror or exc}") from exc
-        try:
-            preallocate(fd, size)
-        except OSError as exc:
-            os.close(fd)
             raise StorageError(f"cannot write {local}: {exc.strerror or exc}") from exc
         try:
             total, sha = self._read_all(handle, size, fd, local, advance)

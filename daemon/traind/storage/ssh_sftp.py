@@ -22,7 +22,7 @@ import asyncssh
 
 from traind.errors import StorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import iter_chunks
+from traind.storage.fileio import create, iter_chunks
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ async def _get_file(
     total = 0
     async with await sftp.open(remote, "rb", block_size=-1, max_requests=128) as f:
         size = (await f.stat()).size or 0
-        out = await _local(local, _open_for_write, local)
+        out = await _local(local, _open_for_write, local, size)
         inflight: deque[asyncio.Future[bytes]] = deque()
         try:
             for offset in range(0, size, CHUNK):
@@ -246,9 +246,8 @@ def _next_hashed(chunks: Iterator[bytes], digest: Hash, local: Path) -> bytes:
     return chunk
 
 
-def _open_for_write(local: Path) -> BinaryIO:
-    local.parent.mkdir(parents=True, exist_ok=True)
-    return open(local, "wb", buffering=0)  # the caller closes it
+def _open_for_write(local: Path, size: int) -> BinaryIO:
+    return open(create(local, size), "wb", buffering=0)  # the caller closes it
 
 
 def _write_hashed(out: BinaryIO, data: bytes, digest: Hash) -> None:
