@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.restore import newest
 from traind.checkpoints.streamer import Streamer
 from traind.status import model
 from traind.status.metrics import Metrics
@@ -75,8 +76,7 @@ class Observer:
     def known(self, manifests: list[Manifest]) -> None:
         """Replace the list of committed checkpoints with what the store holds."""
         self._committed = {m.tag: _info(m) for m in manifests}
-        if manifests:
-            latest = max(manifests, key=lambda m: m.step)
+        if (latest := newest(manifests)) is not None:
             self.metrics.last_commit(latest.step, latest.created_at)
 
     def committed(self, manifest: Manifest) -> None:

@@ -65,7 +65,7 @@ async def test_changed_host_key_is_refused(
 
 
 async def test_upload_refuses_changed_host_key_without_retrying(
-    sshd: SSHServer, make_backend: Callable[..., Any], tmp_path: Path
+    sshd: SSHServer, make_backend: Callable[..., Any], tmp_path: Path, remote: Path
 ) -> None:
     """A host key problem is permanent: no reconnect loop, no file written."""
     other = keygen(tmp_path / "other_host_key")
@@ -82,6 +82,7 @@ async def test_upload_refuses_changed_host_key_without_retrying(
                 await backend.upload("checkpoint-1", tmp_path / "ckpt", [LocalFile("a.bin", 1)],
                                      _NoSession())
     assert not [e for e in logs if e["event"] == "ssh_retry"]
+    assert not [p for p in remote.rglob("*") if p.is_file()]
 
 
 async def test_insecure_skip_connects_with_a_loud_warning(
