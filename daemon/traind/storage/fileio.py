@@ -71,8 +71,11 @@ def _fallocate() -> Callable[[int, int, int, int], int] | None:
     return call
 
 
-def copy_hashed(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[int, str]:
-    """Copy ``src`` to ``dst`` (written then fsynced), hashing while reading.
+def copy_hashed(
+    src: Path, dst: Path, advance: Callable[[int], None], *, durable: bool = True
+) -> tuple[int, str]:
+    """Copy ``src`` to ``dst``, hashing while reading; fsync it when ``durable`` (a restore
+    leaves that to its caller, which makes the whole tree durable at once).
 
     Returns (bytes, sha256 hex).
     """
@@ -80,28 +83,38 @@ def copy_hashed(src: Path, dst: Path, advance: Callable[[int], None]) -> tuple[i
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     total = 0
-    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
-        preallocate(fout.fileno(), os.fstat(fin.fileno()).st_size)
-        while n := fin.readinto(buf):
-            chunk = view[:n]
-            digest.update(chunk)
-            for start in range(0, n, WRITE_PIECE):
-                fout.write(chunk[start : start + WRITE_PIECE])
-            total += n
-            advance(n)
-        os.fsync(fout.fileno())
+    with open(src, "rb", buffering=0) as fin:
+        fd = create(dst, os.fstat(fin.fileno()).st_size)
+        try:
+            while n := fin.readinto(buf):
+                chunk = view[:n]
+                digest.update(chunk)
+                write_all(fd, chunk)
+                total += n
+                advance(n)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
     return total, digest.hexdigest()
 
 
-def hash_file(path: Path, advance: Callable[[int], None] | None = None) -> tuple[int, str]:
+def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int | None = None) -> None:
+    """Write ``data`` to ``fd`` (at ``offset``, else at its position) in ``WRITE_PIECE``s."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        piece = view[done : done + WRITE_PIECE]
+        done += os.write(fd, piece) if offset is None else os.pwrite(fd, piece, offset + done)
+
+
+def hash_file(path: Path) -> tuple[int, str]:
     """Return (size, sha256 hex) of a file, read once in large chunks."""
     digest = hashlib.sha256()
     total = 0
     for chunk in iter_chunks(path):
         digest.update(chunk)
         total += len(chunk)
-        if advance:
-            advance(len(chunk))
     return total, digest.hexdigest()
 
 

@@ -77,9 +77,8 @@ class LocalBackend:
 
         async def one(path: str) -> None:
             async with limit:
-                target = dest / check_relpath(path)
-                await _io(target.parent.mkdir, parents=True, exist_ok=True)
-                _, hashes[path] = await _io(copy_hashed, src / path, target, advance)
+                _, hashes[path] = await _io(copy_hashed, src / path, dest / check_relpath(path),
+                                            advance, durable=False)
 
         async with task_group() as tg:
             for entry in manifest.files:
@@ -124,7 +123,6 @@ async def _io(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 
 def _store_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
-    target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + PART_SUFFIX)
     result = copy_hashed(src, part, advance)
     os.replace(part, target)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from traind.errors import StorageError, TransientStorageError
 from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
-from traind.storage.fileio import WRITE_PIECE, create, hash_file
+from traind.storage.fileio import create, hash_file, write_all
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -123,7 +123,8 @@ class SFTPPipe:
         return total, digest.hexdigest()
 
     def get(self, remote: str, local: Path, advance: Advance) -> tuple[int, str]:
-        """Download ``remote`` into ``local`` (written, then fsynced); (bytes, sha256)."""
+        """Download ``remote`` into ``local`` (not fsynced: the restore does that); (bytes,
+        sha256)."""
         handle = self._open(remote, _READ)
         size = wire.size(self._call(f"stat {remote}", wire.fstat(self._id(), handle),
                                     wire.Reply.ATTRS))
@@ -135,7 +136,6 @@ class SFTPPipe:
             raise StorageError(f"cannot write {local}: {exc.strerror or exc}") from exc
         try:
             total, sha = self._read_all(handle, size, fd, local, advance)
-            _local(local, os.fsync, fd)
         finally:
             os.close(fd)
         self._ok(f"close {remote}", wire.close(self._id(), handle))
@@ -218,8 +218,7 @@ class SFTPPipe:
                 raise wire.ProtocolError(f"an unexpected reply (type {kind}) to a read")
             chunk = buf[:n]
             self._take_into(chunk)
-            for start in range(0, n, WRITE_PIECE):
-                _local(local, os.pwrite, fd, chunk[start : start + WRITE_PIECE], offset + start)
+            _local(local, write_all, fd, chunk, offset)
             in_order = in_order and offset == hashed
             if in_order:
                 digest.update(chunk)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import posixpath
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -22,7 +21,7 @@ import asyncssh
 
 from traind.errors import StorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import create, iter_chunks
+from traind.storage.fileio import create, iter_chunks, write_all
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -81,7 +80,8 @@ async def _put_file(
 async def get_file(
     sftp: asyncssh.SFTPClient, remote: str, local: Path, advance: Advance
 ) -> tuple[int, str]:
-    """Download ``remote`` into ``local`` (written, then fsynced); return (bytes, sha256).
+    """Download ``remote`` into ``local`` (not fsynced: the restore does that for the whole
+    tree); return (bytes, sha256).
 
     Like ``put_file``, progress is taken back on failure.
     """
@@ -105,7 +105,6 @@ async def _get_file(
                     total += await _write_next(inflight, out, digest, local, advance)
             while inflight:
                 total += await _write_next(inflight, out, digest, local, advance)
-            await _local(local, os.fsync, out.fileno())
         finally:
             await _cancel(inflight)
             out.close()
@@ -252,7 +251,7 @@ def _open_for_write(local: Path, size: int) -> BinaryIO:
 
 def _write_hashed(out: BinaryIO, data: bytes, digest: Hash) -> None:
     digest.update(data)
-    out.write(data)
+    write_all(out.fileno(), data)
 
 
 async def _local(path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
