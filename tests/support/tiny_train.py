@@ -165,6 +165,10 @@ def build_callbacks(opts: argparse.Namespace) -> list[Any]:
                 time.sleep(opts.step_sleep)
 
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            # Faults fire in the first run only: a restart that resumes from before the
+            # faulty step (its checkpoint not committed yet) must not meet it again.
+            if os.environ.get("TRAIND_RESUME_FROM"):
+                return
             if state.global_step == opts.crash_at_step:
                 print(f"crash_injected step={state.global_step}", flush=True)
                 sys.stderr.flush()
