@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import functools
 import hashlib
 import os
@@ -24,6 +25,8 @@ writes doubled local commit throughput (1 GiB: 0.56 -> 1.24 GB/s against 4 MiB w
 cut S3 restore CPU by ~0.4 s/GB against 256 KiB writes."""
 
 
+ALIGN = 4096
+"""Offsets, lengths and buffer addresses of direct I/O are multiples of this (a page)."""
 _FALLOC_FL_KEEP_SIZE = 1
 _NOT_SUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
@@ -57,6 +60,24 @@ def create(path: Path, size: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def direct_io(fd: int, on: bool = True) -> bool:
+    """Switch ``fd`` to direct I/O (``O_DIRECT``) or back; return whether it is now direct.
+
+    Direct writes go from the caller's buffer to the disk, without copying into new
+    page-cache pages: on this VM that copy measured 0.6-0.9 CPU s/GB, more than sha256.
+    They need ``ALIGN``-ed offsets, lengths and buffers. A filesystem that refuses direct
+    I/O leaves ``fd`` buffered (False).
+    """
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno not in _NOT_SUPPORTED:
+            raise
+        return False
+    return on
 
 
 @functools.cache

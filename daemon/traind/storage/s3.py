@@ -159,10 +159,15 @@ class S3Backend:
         # through aiobotocore.
         direct = direct_client(ops, self._config.connect_timeout)
 
+        # One buffer more than GETs in flight: a range received ahead of a slower one waits
+        # in memory for it to be hashed first without stopping a GET (measured: twice the
+        # buffers gained nothing).
+        pool = BufferPool(self._config.concurrency + 1)
+
         async def one(path: str, size: int) -> None:
             hashes[path] = await fetch_file(
-                ops, self._key(manifest.tag, path), dest / check_relpath(path), size,
-                max(RANGE_SIZE, self._config.part_size), limit, advance, self._bandwidth, direct,
+                ops, self._key(manifest.tag, path), dest / check_relpath(path), size, pool,
+                RANGE_SIZE, limit, advance, self._bandwidth, direct,
             )
 
         try:

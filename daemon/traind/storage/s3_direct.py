@@ -83,14 +83,15 @@ class Direct:
             conn.close()
         self._idle.clear()
 
-    async def get(self, key: str, start: int, end: int) -> Body:
-        """Send ``GET key`` for bytes ``start`` to ``end - 1``; return the response's body.
+    async def get(self, key: str, start: int, end: int, into: memoryview) -> Body:
+        """Send ``GET key`` for bytes ``start`` to ``end - 1``, to be received ``into`` a
+        buffer of ``end - start`` bytes; return the response's body (``Body.filled``).
 
         Raises botocore's ClientError for an S3 error response, connection and timeout
         errors as they are: ``s3_errors.retrying`` sorts and translates all of them.
         """
         headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
-        conn, response = await self._send("GET", key, {}, headers, None, "GetObject")
+        conn, response = await self._send("GET", key, {}, headers, None, "GetObject", into)
         return Body(self, conn, response)
 
     async def put(
@@ -106,7 +107,7 @@ class Direct:
 
     async def _send(
         self, method: str, key: str, query: dict[str, str], headers: dict[str, str],
-        body: memoryview | None, operation: str,
+        body: memoryview | None, operation: str, sink: memoryview | None = None,
     ) -> tuple[Connection, Response]:
         url = urlsplit(await self._url(key))
         target = url.path
@@ -121,7 +122,7 @@ class Direct:
         conn = await self._connection(url.scheme, url.hostname or "", url.port)
         idle = self.ops.read_timeout
         try:
-            response = await conn.request(head.encode("latin-1"), body, idle)
+            response = await conn.request(head.encode("latin-1"), body, idle, sink)
             if response.status not in {200, 206}:
                 raise await client_error(conn, response, idle, operation)
         except BaseException:
@@ -189,14 +190,16 @@ class Body:
         self.response = response
         self._done = False
 
-    async def chunk(self, idle: float) -> tuple[bytearray, int] | None:
-        got = await self._conn.chunk(idle)
-        if got is None:
-            self._done = True
-        return got
+    @property
+    def received(self) -> int:
+        """Bytes received into the buffer so far (also after a failure)."""
+        return self._conn.sunk
 
-    def release(self, buf: bytearray) -> None:
-        self._conn.release(buf)
+    async def filled(self, idle: float) -> None:
+        """Wait until the whole body is in the buffer; fail when no byte arrived for
+        ``idle`` seconds, or when the connection fails."""
+        await self._conn.filled(idle)
+        self._done = True
 
     def close(self) -> None:
         if self._done:

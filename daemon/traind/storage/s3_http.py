@@ -2,9 +2,11 @@
 
 Responses are received through an ``asyncio.BufferedProtocol``: the transport ``recv_into``s
 a preallocated buffer instead of handing over one ``bytes`` per socket read (as aiohttp's
-stream reader does), so a body arrives in a few large buffers that are written and hashed
-whole. Request bodies are written in slices as the socket takes them (the transport's
-flow control), from the caller's buffer, never joined or copied into one ``bytes``.
+stream reader does). A successful body lands straight in the caller's buffer (the ``sink``
+of ``request``), which it then writes and hashes whole; other bodies (errors) arrive in the
+connection's own small buffers. Request bodies are written in slices as the socket takes
+them (the transport's flow control), from the caller's buffer, never joined or copied into
+one ``bytes``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,8 @@ from typing import Any
 
 from botocore import exceptions as bce
 
-BUFFER = 2 * 1024 * 1024
-"""Bytes per receive buffer: a buffer is written and hashed whole, in a worker thread, while
-the connection fills its other one. 2 MiB measured ~5% less CPU per byte than 1 MiB; memory
-is ``BUFFERS * BUFFER`` per connection, at most ``storage.concurrency`` connections."""
+BUFFER = 64 * 1024
+"""Bytes per receive buffer for bodies without a sink (error responses)."""
 BUFFERS = 2
 SEND_SLICE = 1024 * 1024
 """Bytes of a request body handed to the transport at a time."""
@@ -73,6 +73,9 @@ class Connection(asyncio.BufferedProtocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._unsent = False  # a request body was cut short: the connection is out of step
+        self._sink: memoryview | None = None
+        self.sunk = 0
+        """Bytes of the current response body received into the sink."""
 
     # -- protocol callbacks (event loop) ----------------------------------------------------
 
@@ -86,6 +89,8 @@ class Connection(asyncio.BufferedProtocol):
                 raise ConnectionResetError(f"response head longer than {HEAD_LIMIT} bytes")
             return memoryview(self._head)[self._head_len :]
         if self._state == "body":
+            if self._sink is not None:
+                return self._sink[self.sunk : self.sunk + self._remaining]
             buf = self._buffer()
             return memoryview(buf)[self._fill : min(len(buf), self._fill + self._remaining)]
         # Nothing is expected between responses: take it, then fail the connection.
@@ -95,6 +100,12 @@ class Connection(asyncio.BufferedProtocol):
         if self._state == "head":
             self._head_len += nbytes
             self._parse_head(nbytes)
+        elif self._state == "body" and self._sink is not None:
+            self.sunk += nbytes
+            self._remaining -= nbytes
+            if not self._remaining:
+                self._state, self._sink = "idle", None
+                self._wake()
         elif self._state == "body":
             self._fill += nbytes
             self._remaining -= nbytes
@@ -163,6 +174,17 @@ class Connection(asyncio.BufferedProtocol):
         extra = memoryview(self._head)[end + 4 : self._head_len]
         if len(extra) > self._remaining:
             self._fail(ConnectionResetError("more bytes than the response's Content-Length"))
+            return
+        if self._sink is not None and not (200 <= response.status < 300
+                                           and 0 <= length <= len(self._sink)):
+            self._sink = None  # an error, or not the body asked for: the caller looks at it
+        if self._sink is not None:
+            self._sink[: len(extra)] = extra
+            self.sunk = len(extra)
+            self._remaining -= len(extra)
+            if not self._remaining:
+                self._state, self._sink = "idle", None
+            self._wake()
             return
         if extra:
             buf = self._buffer()
@@ -235,13 +257,17 @@ class Connection(asyncio.BufferedProtocol):
         if self._transport is not None:
             self._transport.close()
 
-    async def request(self, head: bytes, body: memoryview | None, idle: float) -> Response:
+    async def request(
+        self, head: bytes, body: memoryview | None, idle: float, sink: memoryview | None = None
+    ) -> Response:
         """Send one request (``head``, then ``body`` as the socket takes it); return the
-        response's head once it has arrived."""
+        response's head once it has arrived. A 2xx body of at most ``len(sink)`` bytes is
+        received into ``sink`` (wait for it with ``filled``); any other into ``chunk``s."""
         transport = self._transport
         assert transport is not None
         assert self._state == "idle"
         self._state, self._head_len, self.response = "head", 0, None
+        self._sink, self.sunk = sink, 0
         self._free += (buf for buf, _ in self._ready)
         self._ready.clear()
         transport.write(head)
@@ -259,6 +285,21 @@ class Connection(asyncio.BufferedProtocol):
         while self.response is None:
             await self._wait(idle)
         return self.response
+
+    async def filled(self, idle: float) -> None:
+        """Wait until the whole body has landed in the sink (``sunk`` bytes so far); fail
+        when no byte arrived for ``idle`` seconds."""
+        if self._sink is None and self._state == "body":
+            raise ConnectionResetError("the response body is not being received into a sink")
+        while self._state == "body":
+            seen = self.sunk
+            try:
+                await self._wait(idle)
+            except TimeoutError:
+                if self.sunk == seen:
+                    raise
+        if self._exc is not None:
+            raise self._exc
 
     async def chunk(self, idle: float) -> tuple[bytearray, int] | None:
         """The next filled buffer and its byte count, or None at the body's end; give it

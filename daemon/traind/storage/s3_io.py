@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import mmap
 import os
 import time
 from typing import Any
@@ -76,16 +77,17 @@ class PartBody(Payload):
 
 
 class BufferPool:
-    """At most ``count`` part buffers exist at once; they are reused, not reallocated.
+    """At most ``count`` buffers exist at once; they are reused, not reallocated.
 
-    Reuse matters: a fresh 16 MiB buffer per part costs thousands of page faults.
+    Reuse matters: a fresh 16 MiB buffer per part costs thousands of page faults. Buffers
+    are anonymous maps, so page-aligned as direct I/O needs (``fileio.direct_io``).
     """
 
     def __init__(self, count: int) -> None:
         self._slots = asyncio.Semaphore(count)
-        self._free: list[bytearray] = []
+        self._free: list[mmap.mmap] = []
 
-    async def acquire(self, size: int) -> bytearray:
+    async def acquire(self, size: int) -> mmap.mmap:
         """Wait for a free slot; return a buffer of at least ``size`` bytes."""
         await self._slots.acquire()
         for i, buf in enumerate(self._free):
@@ -93,9 +95,9 @@ class BufferPool:
                 return self._free.pop(i)
         if self._free:
             self._free.pop()
-        return bytearray(max(size, 1))
+        return mmap.mmap(-1, max(size, 1))
 
-    def release(self, buf: bytearray) -> None:
+    def release(self, buf: mmap.mmap) -> None:
         """Give a buffer back."""
         self._free.append(buf)
         self._slots.release()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,7 +178,7 @@ class Uploader:
         self,
         state: Resume,
         number: int,
-        buf: bytearray,
+        buf: mmap.mmap,
         view: memoryview,
         crc: str | None,
         rel: str,

@@ -19,7 +19,7 @@ from tests.support.seaweed import SeaweedS3
 from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.config import S3Storage
 from traind.errors import IntegrityError, StorageError, TransientStorageError
-from traind.storage import s3_direct, s3_http
+from traind.storage import s3_direct
 from traind.storage.s3 import S3Backend
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct, direct_client
@@ -28,23 +28,22 @@ from traind.storage.s3_errors import RetryPolicy, Target
 pytestmark = pytest.mark.timeout(60)
 Make = Callable[[S3Storage], S3Backend]
 SIZES = {"model.safetensors": 12 * MIB + 77, "config.json": 1000, "empty.txt": 0}
-RANGES = 3 + 1  # 5 MiB ranges (the test part size) of the large file, and the small one
+RANGES = 13 + 1  # 1 MiB ranges of the large file, and the small one
 
 
 @pytest.fixture(params=["direct", "fallback"])
 def opens(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Restore through the path of the parameter; the list collects the fast path's GETs."""
-    monkeypatch.setattr("traind.storage.s3.RANGE_SIZE", MIB)  # ranges of part_size: 5 MiB
-    monkeypatch.setattr(s3_http, "BUFFER", 256 * 1024)  # several buffers per range
+    monkeypatch.setattr("traind.storage.s3.RANGE_SIZE", MIB)
     monkeypatch.delenv("TRAIND_S3_DIRECT", raising=False)
     if request.param == "fallback":
         monkeypatch.setenv("TRAIND_S3_DIRECT", "0")
     seen: list[str] = []
     original = Direct.get
 
-    async def spy(self: Direct, key: str, start: int, end: int) -> Any:
+    async def spy(self: Direct, key: str, start: int, end: int, into: memoryview) -> Any:
         seen.append(f"{key}:{start}-{end}")
-        return await original(self, key, start, end)
+        return await original(self, key, start, end, into)
 
     monkeypatch.setattr(Direct, "get", spy)
     return seen
