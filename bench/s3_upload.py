@@ -11,6 +11,10 @@ measured inside the child, after interpreter start-up, imports and the S3 client
 once per daemon, not per checkpoint; shown under the tables). The peers are command-line
 tools a user would script once per checkpoint, so their rows include their start-up.
 
+The ``curl`` row is the server's own ceiling, not a peer: every file in one presigned
+PUT, all at once, nothing hashed or checksummed, so the client spends almost no CPU and
+the server (which needs most of the two cores) sets the pace.
+
     python bench/s3_upload.py --size 1GiB
 """
 
@@ -21,6 +25,7 @@ import asyncio
 import itertools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,7 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import botocore.session
 from bench.inside import read, recorded
+from botocore.config import Config
 from tests.support.seaweed import (
     ACCESS_KEY,
     REGION,
@@ -155,6 +162,10 @@ def rclone_remote(endpoint: str) -> str:
             f"secret_access_key={SECRET_KEY},region={REGION}:")
 
 
+CEILING = "curl (ceiling)"
+"""Not a peer: the server's own ceiling (see the module's docstring)."""
+
+
 def upload_commands(src: Path, endpoint: str, bucket: str) -> dict[str, list[str] | None]:
     """Per tool, the command that uploads ``src`` to ``bucket`` (None: not installed)."""
     me = [sys.executable, __file__]
@@ -164,7 +175,10 @@ def upload_commands(src: Path, endpoint: str, bucket: str) -> dict[str, list[str
         "aws s3 cp --recursive": None,
         "s5cmd": None,
         "rclone": None,
+        CEILING: None,
     }
+    if shutil.which("curl"):
+        cmds[CEILING] = ["sh", "-c", presigned_curls(src, endpoint, bucket)]
     if shutil.which("aws"):
         cmds["aws s3 cp --recursive"] = ["aws", "--endpoint-url", endpoint, "s3", "cp",
                                          "--recursive", "--only-show-errors", str(src),
@@ -176,6 +190,22 @@ def upload_commands(src: Path, endpoint: str, bucket: str) -> dict[str, list[str
         cmds["rclone"] = ["rclone", "copy", "--s3-no-check-bucket", str(src),
                           f"{rclone_remote(endpoint)}{bucket}/ck"]
     return cmds
+
+
+def presigned_curls(src: Path, endpoint: str, bucket: str) -> str:
+    """A shell script that PUTs every file of ``src`` at once with curl, to presigned URLs
+    (UNSIGNED-PAYLOAD: nothing hashed), failing if any curl fails."""
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY, config=Config(s3={"addressing_style": "path"}))
+    lines = []
+    for i, path in enumerate(sorted(src.iterdir())):
+        url = client.generate_presigned_url(
+            "put_object", Params={"Bucket": bucket, "Key": f"ck/{path.name}"}, ExpiresIn=3600)
+        lines.append(f"curl -sSf -o /dev/null -T {shlex.quote(str(path))} "
+                     f"{shlex.quote(url)} & p{i}=$!")
+    waits = " ".join(f"wait $p{i} || s=1;" for i in range(len(lines)))
+    return "\n".join(["s=0", *lines, f"{waits} exit $s"])
 
 
 def download_commands(dest: Path, endpoint: str, bucket: str) -> dict[str, list[str] | None]:
@@ -246,7 +276,8 @@ def verdict(upload: list[Result], restore: list[Result]) -> None:
         return r.nbytes / r.seconds
 
     ours = next(r for r in upload if r.tool == "traind")
-    peers = [r for r in upload if r.tool != "traind"]
+    peers = [r for r in upload if r.tool not in {"traind", CEILING}]
+    ceiling = next((r for r in upload if r.tool == CEILING), None)
     print("\n### targets\n")
     if peers:
         best = max(peers, key=rate)
@@ -257,6 +288,10 @@ def verdict(upload: list[Result], restore: list[Result]) -> None:
               f"{thriftiest.cpu / thriftiest.nbytes * 1e9:.2f} ({thriftiest.tool}); "
               "target <= best peer")
     print(f"- upload peak RSS: {ours.max_rss_mb:.0f} MB; target <= 200 MB")
+    if ceiling and peers:
+        print(f"- the server's ceiling (curl, nothing hashed): {rate(ceiling) / 1e6:.1f} MB/s = "
+              f"{rate(ceiling) / rate(best):.2f}x best peer; traind reaches "
+              f"{rate(ours) / rate(ceiling):.0%} of it while hashing every byte")
     restore_ours = next(r for r in restore if r.tool.startswith("traind"))
     s5 = next((r for r in restore if r.tool == "s5cmd"), None)
     if s5:
