@@ -1,14 +1,17 @@
-"""fileio: disk space reserved before a file is written, and copies hashed as they go."""
+"""fileio: disk space reserved before a file is written, direct writes on local disks only,
+and copies hashed as they go."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
-from traind.storage.fileio import copy_hashed, preallocate
+from traind.storage import fileio
+from traind.storage.fileio import copy_hashed, direct_io, preallocate
 
 
 def test_preallocate_reserves_without_growing_the_file(tmp_path: Path) -> None:
@@ -43,3 +46,34 @@ def test_copy_hashed_copies_every_byte(tmp_path: Path) -> None:
     assert (size, sha) == (len(data), hashlib.sha256(data).hexdigest())
     assert (tmp_path / "dst").read_bytes() == data
     assert sum(seen) == len(data)
+
+
+def test_direct_io_only_on_local_block_filesystems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ext4/xfs/btrfs files are switched to O_DIRECT; a network filesystem's stay buffered."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        local = fileio._filesystem(fd) in fileio._DIRECT_FILESYSTEMS
+        assert fileio._filesystem(fd) != 0
+        assert direct_io(fd) == local
+        assert bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT) == local
+        assert not direct_io(fd, False)
+        assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
+        monkeypatch.setattr(fileio, "_filesystem", lambda fd: 0x6969)  # NFS
+        assert not direct_io(fd)
+        assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("size", [0, 100, fileio.CHUNK, 2 * fileio.CHUNK + 4097])
+def test_copy_hashed_sizes_around_chunks_and_blocks(tmp_path: Path, size: int) -> None:
+    """Direct writes of whole chunks and a padded tail leave exactly the source's bytes."""
+    data = os.urandom(size)
+    (tmp_path / "src").write_bytes(data)
+    seen: list[int] = []
+    total, digest = copy_hashed(tmp_path / "src", tmp_path / "dst", seen.append, durable=False)
+    assert (total, digest) == (size, hashlib.sha256(data).hexdigest())
+    assert sum(seen) == size
+    assert (tmp_path / "dst").read_bytes() == data

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from traind.errors import IntegrityError
-from traind.storage import s3_download
+from traind.storage import fileio, s3_download
 from traind.storage.fileio import ALIGN, create
 from traind.storage.s3_download import Assembler
 
@@ -32,15 +32,6 @@ def ranges(data: bytes) -> list[tuple[int, mmap.mmap, int]]:
     return out
 
 
-def direct_supported(where: Path) -> bool:
-    try:
-        fd = os.open(where / "probe", os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o644)
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
-
 def test_ranges_in_any_order_are_written_and_hashed_in_order(tmp_path: Path) -> None:
     """A range is hashed only once every earlier one has been; whoever completes the gap
     hashes what follows it and hands those buffers back. The file ends at its size even
@@ -50,7 +41,7 @@ def test_ranges_in_any_order_are_written_and_hashed_in_order(tmp_path: Path) -> 
     fd = create(tmp_path / "f", len(data))
     try:
         asm = Assembler(fd, len(data))
-        assert asm.direct == direct_supported(tmp_path)
+        assert asm.direct == (fileio._filesystem(fd) in fileio._DIRECT_FILESYSTEMS)
         order = [2, 0, 3, 1]
         freed = [asm.put(*parts[i]) for i in order]
         with pytest.raises(IntegrityError):

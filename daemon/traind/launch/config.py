@@ -203,7 +203,7 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> LaunchConfig:
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
-        raise ConfigError([f"cannot read {path}: {exc.strerror}"], str(path)) from exc
+        raise ConfigError([f"cannot read {path}: {exc.strerror or exc}"], str(path)) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"not valid TOML: {exc}"], str(path)) from exc
     data.update(overrides or {})

@@ -184,7 +184,7 @@ def _public_key(cfg: LaunchConfig) -> str:
         return path.read_text().strip()
     except OSError as exc:
         if cfg.backend == "vast":
-            raise LaunchError(f"cannot read the public key {path}: {exc.strerror}") from exc
+            raise LaunchError(f"cannot read the public key {path}: {exc.strerror or exc}") from exc
         return ""
 
 

@@ -20,7 +20,6 @@ is one step for the caller, whatever the backend.
 from __future__ import annotations
 
 import asyncio
-import errno
 import mmap
 import os
 import threading
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from traind.errors import IntegrityError, StorageError
-from traind.storage.fileio import ALIGN, create, direct_io, write_all
+from traind.storage.fileio import create, direct_io, trim, write_at
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct
 from traind.storage.s3_errors import retrying
@@ -82,30 +81,17 @@ class Assembler:
                     self._hashing = False
 
     def _write(self, offset: int, buf: mmap.mmap, length: int) -> None:
-        if self.direct:
-            # The file's unaligned tail goes out padded to a whole block; ``finish`` cuts it.
-            padded = -(-length // ALIGN) * ALIGN
-            view = memoryview(buf)[:padded]
-            try:
-                done = 0
-                while done < padded:
-                    done += os.pwrite(self._fd, view[done:], offset + done)
-                return
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                # Accepted at open, refused at write (stricter alignment): write buffered.
-                with self._lock:
-                    self.direct = direct_io(self._fd, False)
-        write_all(self._fd, memoryview(buf)[:length], offset)
+        direct = write_at(self._fd, memoryview(buf), length, offset, self.direct)
+        if not direct and self.direct:
+            with self._lock:
+                self.direct = False
 
     def finish(self) -> str:
         """The file's sha256, once every byte has been written and hashed; cuts the padding
         of a direct tail."""
         if self._hashed != self.size:
             raise IntegrityError(f"assembled {self._hashed} of {self.size} bytes")
-        if os.fstat(self._fd).st_size != self.size:
-            os.ftruncate(self._fd, self.size)
+        trim(self._fd, self.size)
         return str(self._digest.hexdigest())
 
 

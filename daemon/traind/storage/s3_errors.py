@@ -3,7 +3,7 @@
 A permanent failure (no such bucket, access denied, a wrong key or secret, an endpoint that
 never answered) raises StorageError at once with a message that names what is wrong. A
 transient one (connection reset, 5xx, throttling, a server restarting) is retried with capped
-exponential backoff and full jitter, then raised as TransientStorageError.
+exponential backoff and jitter, then raised as TransientStorageError.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ _LIBRARY_ERRORS = (
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Capped exponential backoff with full jitter: ``uniform(0, min(cap, base * 2**n))``."""
+    """Capped exponential backoff with jitter: ``uniform(base, min(cap, base * 2**n))``
+    (never less than ``base``, so a retry never hits a restarting server at once)."""
 
     retries: int
     base: float = 0.2

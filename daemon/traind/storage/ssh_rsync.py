@@ -134,7 +134,7 @@ async def _hash_all(root: Path, files: Sequence[LocalFile]) -> dict[str, str]:
             try:
                 _, sha = await asyncio.to_thread(hash_file, root / f.path)
             except OSError as exc:
-                raise StorageError(f"cannot read {root / f.path}: {exc.strerror}") from exc
+                raise StorageError(f"cannot read {root / f.path}: {exc.strerror or exc}") from exc
             return f.path, sha
 
     return dict(await asyncio.gather(*(one(f) for f in files)))
