@@ -7,8 +7,8 @@ with the client's own SigV4 signer (its credentials, region and payload-signing 
 ~0.1 ms), written by hand on a kept-alive ``s3_http.Connection``, and its body sent from,
 or received into, reusable buffers. Measured on the 4 GiB checkpoint of bench/s3_upload.py
 (SeaweedFS on the same 2 cores, in the same runs, ``TRAIND_S3_DIRECT=0`` for the other path):
-uploads 1.43-1.46 client CPU s/GB against 1.60-1.61 through aiobotocore; restores 760-857
-MB/s at 1.25-1.28 s/GB against 612-632 MB/s at 1.70-1.79.
+uploads 1.36-1.46 client CPU s/GB against 1.41-1.61 through aiobotocore; restores 876-899
+MB/s at 0.92-0.94 s/GB against 778-789 MB/s at 1.12-1.14 (both writing with direct I/O).
 
 The client still resolves each key's URL (addressing style, endpoint rules): it presigns
 a GET once per key, and requests go to that URL's scheme, host and path.
