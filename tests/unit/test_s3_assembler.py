@@ -8,12 +8,13 @@ import hashlib
 import mmap
 import os
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from traind.errors import IntegrityError
+from traind.errors import IntegrityError, StorageError
 from traind.storage import fileio, s3_download
 from traind.storage.fileio import ALIGN, create
 from traind.storage.s3_download import Assembler
@@ -101,3 +102,37 @@ def test_a_refused_direct_write_falls_back_to_buffered(
         os.close(fd)
     assert refused
     assert (tmp_path / "f").read_bytes() == data
+
+
+def test_the_descriptor_outlives_a_put_still_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled restore closes the file while a worker thread may still be writing: the
+    descriptor stays open until that write ends (never reused under it), and later puts
+    are refused."""
+    data = os.urandom(RANGE)
+    (part,) = ranges(data)
+    entered, release = threading.Event(), threading.Event()
+    real = s3_download.write_at
+
+    def slow(*args: object, **kwargs: object) -> bool:
+        entered.set()
+        release.wait(10)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(s3_download, "write_at", slow)
+    fd = create(tmp_path / "f", len(data))
+    asm = Assembler(fd, len(data))
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(asm.put, *part)
+        assert entered.wait(10)
+        asm.close()
+        asm.close()  # idempotent
+        os.fstat(fd)  # still open: the put is using it
+        release.set()
+        assert running.result(10) == [part[1]]
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(fd)
+    with pytest.raises(StorageError, match="abandoned"):
+        asm.put(*part)
+    assert (tmp_path / "f").read_bytes()[: len(data)] == data

@@ -20,10 +20,11 @@ is one step for the caller, whatever the backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +43,34 @@ per byte and restores were ~5% faster (bench/s3_upload.py, 4 GiB)."""
 
 
 class Assembler:
-    """One file written range by range, in any order, and hashed in order (thread-safe)."""
+    """One file written range by range, in any order, and hashed in order (thread-safe).
+
+    It owns the file's descriptor: ``close`` closes it once no ``put`` or ``finish`` is
+    still running in a worker thread (a cancelled task leaves its thread running; closing
+    under it could let it write into whatever file reuses the descriptor number).
+    """
 
     def __init__(self, fd: int, size: int) -> None:
         self._fd = fd
         self.size = size
-        self.direct = direct_io(fd)
         self._digest = new_digest()
         self._hashed = 0
         self._pending: dict[int, tuple[mmap.mmap, int]] = {}
         self._hashing = False
         self._lock = threading.Lock()
+        self._users = 1  # the owner, until close(); and each call in a thread
+        self._closed = False
+        self.direct = direct_io(fd)
 
     def put(self, offset: int, buf: mmap.mmap, length: int) -> list[mmap.mmap]:
         """Write ``length`` bytes of ``buf`` at ``offset``; hash as far as ranges are now
         contiguous; return the buffers hashed here (free to reuse). ``buf`` itself may be
         hashed, and returned, by whichever call completes the range before it."""
-        self._write(offset, buf, length)
+        with self._using():
+            self._write(offset, buf, length)
+            return self._hash_ready(offset, buf, length)
+
+    def _hash_ready(self, offset: int, buf: mmap.mmap, length: int) -> list[mmap.mmap]:
         with self._lock:
             self._pending[offset] = (buf, length)
         done: list[mmap.mmap] = []
@@ -89,10 +101,37 @@ class Assembler:
     def finish(self) -> str:
         """The file's sha256, once every byte has been written and hashed; cuts the padding
         of a direct tail."""
-        if self._hashed != self.size:
-            raise IntegrityError(f"assembled {self._hashed} of {self.size} bytes")
-        trim(self._fd, self.size)
-        return str(self._digest.hexdigest())
+        with self._using():
+            if self._hashed != self.size:
+                raise IntegrityError(f"assembled {self._hashed} of {self.size} bytes")
+            trim(self._fd, self.size)
+            return str(self._digest.hexdigest())
+
+    def close(self) -> None:
+        """Give up the descriptor: closed now, or by the last call still running."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._release()
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[None]:
+        with self._lock:
+            if self._closed:
+                raise StorageError("the restore of this file was abandoned")
+            self._users += 1
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = not self._users
+        if last:
+            os.close(self._fd)
 
 
 async def fetch_file(
@@ -116,6 +155,10 @@ async def fetch_file(
     fd = await asyncio.to_thread(create, target, size)
     try:
         asm = Assembler(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
         async with task_group() as tg:
             for start in range(0, size, range_size):
                 buf = await pool.acquire(range_size)  # in order: see the module's docstring
@@ -128,7 +171,7 @@ async def fetch_file(
             raise
         raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
     finally:
-        os.close(fd)
+        asm.close()
 
 
 async def _fetch_range(
