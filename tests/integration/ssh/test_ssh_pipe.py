@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tests.support.requires import missing
 from tests.support.sshd import SFTP_SERVERS
 
 from traind.errors import StorageError, TransientStorageError
+from traind.storage import ssh_pipe
 from traind.storage.ssh_pipe import DEFAULT_REQUEST, SFTPPipe
 from traind.storage.ssh_wire import ProtocolError
 
@@ -23,7 +25,7 @@ class Servers:
     """sftp-server processes on plain pipes, each with the client end as an SFTPPipe."""
 
     def __init__(self, binary: str, cwd: Path) -> None:
-        self._binary = binary
+        self.binary = binary
         self._cwd = cwd
         self.started: list[tuple[subprocess.Popen[bytes], SFTPPipe]] = []
 
@@ -31,7 +33,7 @@ class Servers:
         """Run sftp-server with ``options`` (or ``argv`` instead); return the client end."""
         child_in, ours_out = os.pipe()
         ours_in, child_out = os.pipe()
-        proc = subprocess.Popen(argv or [self._binary, *options], stdin=child_in,
+        proc = subprocess.Popen(argv or [self.binary, *options], stdin=child_in,
                                 stdout=child_out, cwd=self._cwd, start_new_session=True)
         os.close(child_in)
         os.close(child_out)
@@ -136,3 +138,46 @@ def test_a_server_that_dies_mid_upload_is_a_lost_connection(
     with pytest.raises(TransientStorageError, match="connection lost"):
         pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"), kill_once_moving)
     assert not (tmp_path / "remote.bin").exists()
+
+
+SWAP_REPLIES = """
+import struct, subprocess, sys
+server = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE)
+src, out, seen, held = server.stdout, sys.stdout.buffer, 0, None
+while len(head := src.read(4)) == 4:
+    packet = head + src.read(struct.unpack(">I", head)[0])
+    if packet[4] == 103:  # SSH_FXP_DATA: the 20th goes out after the 21st
+        seen += 1
+        if seen == 20:
+            held = packet
+            continue
+    out.write(packet)
+    if held is not None and seen == 21:
+        out.write(held)
+        held = None
+    out.flush()
+"""
+
+
+def test_replies_out_of_order_are_written_where_they_belong(
+    servers: Servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server answering READs out of order (OpenSSH's does not): what arrived in order is
+    written out, the rest at its offsets, and the file is hashed from disk."""
+    data = os.urandom(8 * MiB + 5)
+    (tmp_path / "remote.bin").write_bytes(data)
+    flushed: list[int] = []
+    real = ssh_pipe.Stage.flush_buffered
+
+    def spy(stage: ssh_pipe.Stage) -> None:
+        flushed.append(stage._fill)
+        real(stage)
+
+    monkeypatch.setattr(ssh_pipe.Stage, "flush_buffered", spy)
+    pipe = servers.start(argv=[sys.executable, "-c", SWAP_REPLIES, servers.binary])
+    assert pipe.handshake().read == 261120
+    back = tmp_path / "back.bin"
+    assert pipe.get(str(tmp_path / "remote.bin"), back, lambda n: None) == (
+        len(data), hashlib.sha256(data).hexdigest())
+    assert back.read_bytes() == data
+    assert flushed == [19 * 261120 - ssh_pipe.STAGE]  # one whole stage was written before
