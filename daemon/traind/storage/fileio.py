@@ -148,6 +148,60 @@ def _fallocate() -> Callable[[int, int, int, int], int] | None:
     return call
 
 
+STAGE = 4 * 1024 * 1024
+"""Bytes a ``StagedWriter`` gathers before one (direct) write: a multiple of ``ALIGN``."""
+
+
+class StagedWriter:
+    """A file written front to back through one page-aligned buffer, a whole ``STAGE`` at a
+    time at aligned offsets, so that the writes can be direct (``write_at``): no copy into
+    new page-cache pages. Bytes are received straight into it (``room``, then ``filled``)
+    or copied in (``write``)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = mmap.mmap(-1, STAGE)
+        self._view = memoryview(self._buf)
+        self._base = 0  # the file offset of the buffer's first byte
+        self._fill = 0
+        self._direct = direct_io(fd)
+
+    def room(self, n: int) -> memoryview:
+        """Where the next (at most ``n``) bytes go."""
+        return self._view[self._fill : min(STAGE, self._fill + n)]
+
+    def filled(self, n: int) -> None:
+        """``n`` bytes were put where ``room`` said; a full buffer is written out."""
+        self._fill += n
+        if self._fill == STAGE:
+            self._direct = write_at(self._fd, self._view, STAGE, self._base, self._direct)
+            self._base += STAGE
+            self._fill = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data``."""
+        view = memoryview(data)
+        while view:
+            room = self.room(len(view))
+            room[:] = view[: len(room)]
+            self.filled(len(room))
+            view = view[len(room) :]
+
+    def finish(self, size: int) -> None:
+        """Write what is left (padded if direct) and cut the file to ``size``."""
+        if self._fill:
+            self._direct = write_at(self._fd, self._view, self._fill, self._base, self._direct)
+        trim(self._fd, size)
+
+    def flush_buffered(self) -> None:
+        """Write what is gathered without padding and leave the file buffered: writes at
+        any offset may follow."""
+        if self._direct:
+            self._direct = direct_io(self._fd, False)
+        write_all(self._fd, self._view[: self._fill], self._base)
+        self._fill = 0
+
+
 def copy_hashed(
     src: Path, dst: Path, advance: Callable[[int], None], *, durable: bool = True
 ) -> tuple[int, str]:

@@ -8,7 +8,7 @@ data is copied once into this process, for the hash, and never through a pipe bu
 ``writev`` of the buffer that cut client CPU from 1.94 to 1.76 s/GB (bench/ssh_upload.py; a
 pipe write and ssh's read of it cost ~0.6 s/GB together, spliced pages ~0.2). Downloads read
 each DATA payload straight into a page-aligned staging buffer, hash it there and write whole
-stages with direct I/O where the filesystem takes it (``Stage``). ``REQUESTS``
+stages with direct I/O where the filesystem takes it (``StagedWriter``). ``REQUESTS``
 requests are kept outstanding so ssh never waits for us; that cannot deadlock, because the
 replies to what is outstanding always fit in the pipes.
 """
@@ -16,7 +16,6 @@ replies to what is outstanding always fit in the pipes.
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from traind.errors import StorageError, TransientStorageError
 from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
-from traind.storage.fileio import create, direct_io, hash_file, trim, write_all, write_at
+from traind.storage.fileio import StagedWriter, create, hash_file, write_all
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -44,8 +43,6 @@ DEFAULT_REQUEST = 32 * 1024
 MAX_REQUEST = 256 * 1024
 """Bytes per READ/WRITE at most, whatever the server allows (bounds the buffers)."""
 
-STAGE = 4 * 1024 * 1024
-"""Bytes of a download gathered before one (direct) write: a multiple of ``fileio.ALIGN``."""
 
 NEEDED = (wire.FSYNC, wire.POSIX_RENAME)
 """Extensions the server must offer: a durable file before the rename, an atomic rename."""
@@ -192,12 +189,12 @@ class SFTPPipe:
         self, handle: bytes, size: int, fd: int, local: Path, advance: Advance
     ) -> tuple[int, str]:
         """Pipelined READs. Replies in order (OpenSSH's server always answers so) are
-        received into a ``Stage``, hashed there and written in whole stages, with direct
+        received into a ``StagedWriter``, hashed there and written in whole stages, with direct
         I/O where the filesystem takes it. From the first reply out of order on, each
         payload is written at its offset and the file is hashed again from disk at the end,
         so the hash is always of what was written."""
         buf = self._buffer[: self.server.read]
-        stage = _local(local, Stage, fd)
+        stage = _local(local, StagedWriter, fd)
         todo = [(offset, min(len(buf), size - offset))
                 for offset in reversed(range(0, size, len(buf)))]
         pending: dict[int, tuple[int, int]] = {}
@@ -242,7 +239,9 @@ class SFTPPipe:
             return hashed, digest.hexdigest()
         return _local(local, hash_file, local)
 
-    def _take_staged(self, stage: Stage, n: int, digest: Hash, local: Path) -> None:
+    def _take_staged(
+        self, stage: StagedWriter, n: int, digest: Hash, local: Path
+    ) -> None:
         """Receive ``n`` in-order bytes straight into ``stage``, hashing them there and
         writing each stage as it fills."""
         while n:
@@ -321,46 +320,6 @@ class SFTPPipe:
         if not data:
             raise ConnectionLost(f"{self._where}: connection lost")
         return data
-
-
-class Stage:
-    """In-order download bytes gathered into one page-aligned buffer and written a whole
-    ``STAGE`` at a time at aligned offsets, so that they can go out as direct writes
-    (``fileio.write_at``): no copy into new page-cache pages."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._buf = mmap.mmap(-1, STAGE)
-        self._view = memoryview(self._buf)
-        self._base = 0  # the file offset of the buffer's first byte
-        self._fill = 0
-        self._direct = direct_io(fd)
-
-    def room(self, n: int) -> memoryview:
-        """Where the next (at most ``n``) bytes go."""
-        return self._view[self._fill : min(STAGE, self._fill + n)]
-
-    def filled(self, n: int) -> None:
-        """``n`` bytes were put where ``room`` said; a full buffer is written out."""
-        self._fill += n
-        if self._fill == STAGE:
-            self._direct = write_at(self._fd, self._view, STAGE, self._base, self._direct)
-            self._base += STAGE
-            self._fill = 0
-
-    def finish(self, size: int) -> None:
-        """Write what is left (padded if direct) and cut the file to ``size``."""
-        if self._fill:
-            self._direct = write_at(self._fd, self._view, self._fill, self._base, self._direct)
-        trim(self._fd, size)
-
-    def flush_buffered(self) -> None:
-        """Write what is gathered without padding and leave the file buffered: writes at
-        any offset follow."""
-        if self._direct:
-            self._direct = direct_io(self._fd, False)
-        write_all(self._fd, self._view[: self._fill], self._base)
-        self._fill = 0
 
 
 def _local(path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

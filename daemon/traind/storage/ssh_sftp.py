@@ -11,17 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import posixpath
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import asyncssh
 
 from traind.errors import StorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import create, iter_chunks, write_all
+from traind.storage.fileio import StagedWriter, create, iter_chunks
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -96,18 +97,20 @@ async def _get_file(
     total = 0
     async with await sftp.open(remote, "rb", block_size=-1, max_requests=128) as f:
         size = (await f.stat()).size or 0
-        out = await _local(local, _open_for_write, local, size)
+        fd = await _local(local, create, local, size)
         inflight: deque[asyncio.Future[bytes]] = deque()
         try:
+            out = await _local(local, StagedWriter, fd)
             for offset in range(0, size, CHUNK):
                 inflight.append(asyncio.ensure_future(f.read(CHUNK, offset)))
                 if len(inflight) >= WINDOW:
                     total += await _write_next(inflight, out, digest, local, advance)
             while inflight:
                 total += await _write_next(inflight, out, digest, local, advance)
+            await _local(local, out.finish, total)
         finally:
             await _cancel(inflight)
-            out.close()
+            os.close(fd)
     return total, digest.hexdigest()
 
 
@@ -217,7 +220,7 @@ async def _fsync(f: asyncssh.SFTPClientFile) -> None:
 
 async def _write_next(
     inflight: deque[asyncio.Future[bytes]],
-    out: BinaryIO,
+    out: StagedWriter,
     digest: Hash,
     local: Path,
     advance: Advance,
@@ -245,13 +248,9 @@ def _next_hashed(chunks: Iterator[bytes], digest: Hash, local: Path) -> bytes:
     return chunk
 
 
-def _open_for_write(local: Path, size: int) -> BinaryIO:
-    return open(create(local, size), "wb", buffering=0)  # the caller closes it
-
-
-def _write_hashed(out: BinaryIO, data: bytes, digest: Hash) -> None:
+def _write_hashed(out: StagedWriter, data: bytes, digest: Hash) -> None:
     digest.update(data)
-    write_all(out.fileno(), data)
+    out.write(data)
 
 
 async def _local(path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -14,7 +14,7 @@ from tests.support.requires import missing
 from tests.support.sshd import SFTP_SERVERS
 
 from traind.errors import StorageError, TransientStorageError
-from traind.storage import ssh_pipe
+from traind.storage import fileio
 from traind.storage.ssh_pipe import DEFAULT_REQUEST, SFTPPipe
 from traind.storage.ssh_wire import ProtocolError
 
@@ -167,17 +167,17 @@ def test_replies_out_of_order_are_written_where_they_belong(
     data = os.urandom(8 * MiB + 5)
     (tmp_path / "remote.bin").write_bytes(data)
     flushed: list[int] = []
-    real = ssh_pipe.Stage.flush_buffered
+    real = fileio.StagedWriter.flush_buffered
 
-    def spy(stage: ssh_pipe.Stage) -> None:
+    def spy(stage: fileio.StagedWriter) -> None:
         flushed.append(stage._fill)
         real(stage)
 
-    monkeypatch.setattr(ssh_pipe.Stage, "flush_buffered", spy)
+    monkeypatch.setattr(fileio.StagedWriter, "flush_buffered", spy)
     pipe = servers.start(argv=[sys.executable, "-c", SWAP_REPLIES, servers.binary])
     assert pipe.handshake().read == 261120
     back = tmp_path / "back.bin"
     assert pipe.get(str(tmp_path / "remote.bin"), back, lambda n: None) == (
         len(data), hashlib.sha256(data).hexdigest())
     assert back.read_bytes() == data
-    assert flushed == [19 * 261120 - ssh_pipe.STAGE]  # one whole stage was written before
+    assert flushed == [19 * 261120 - fileio.STAGE]  # one whole stage was written before
