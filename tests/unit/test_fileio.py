@@ -91,3 +91,18 @@ def test_staged_writer_appends_pieces_of_any_size(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == data
+
+
+def test_shared_fd_is_closed_by_its_last_user(tmp_path: Path) -> None:
+    """Closed by the owner when nobody uses it, else when the last using block ends; no
+    block starts once the owner let go."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o644)
+    shared = fileio.SharedFd(fd)
+    with shared.using() as inside:
+        shared.close()
+        shared.close()
+        os.fstat(inside)  # still open
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(fd)
+    with pytest.raises(OSError, match="abandoned"), shared.using():
+        pass

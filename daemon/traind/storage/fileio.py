@@ -6,6 +6,7 @@ several can run at once on different cores.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -14,7 +15,8 @@ import hashlib
 import io
 import mmap
 import os
-from collections.abc import Callable, Generator
+import threading
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 CHUNK = 4 * 1024 * 1024
@@ -146,6 +148,48 @@ def _fallocate() -> Callable[[int, int, int, int], int] | None:
     call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     call.restype = ctypes.c_int
     return call
+
+
+class SharedFd:
+    """A descriptor that worker threads write through, closed by its owner's ``close`` or,
+    if any are still running then, by the last of them.
+
+    A cancelled task leaves its ``asyncio.to_thread`` call running; closing the descriptor
+    under it could let it write into whatever file reuses the descriptor's number.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._users = 1  # the owner, until close(); and each ``using`` block
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[int]:
+        """The descriptor, kept open for the block (refused once the owner closed it)."""
+        with self._lock:
+            if self._closed:
+                raise OSError(errno.EBADF, "the transfer of this file was abandoned")
+            self._users += 1
+        try:
+            yield self.fd
+        finally:
+            self._release()
+
+    def close(self) -> None:
+        """Give up the descriptor: closed now, or by the last block still using it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = not self._users
+        if last:
+            os.close(self.fd)
 
 
 STAGE = 4 * 1024 * 1024

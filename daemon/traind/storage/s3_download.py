@@ -20,16 +20,15 @@ is one step for the caller, whatever the backend.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from traind.errors import IntegrityError, StorageError
-from traind.storage.fileio import create, direct_io, trim, write_at
+from traind.storage.fileio import SharedFd, create, direct_io, trim, write_at
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct
 from traind.storage.s3_errors import retrying
@@ -45,29 +44,26 @@ per byte and restores were ~5% faster (bench/s3_upload.py, 4 GiB)."""
 class Assembler:
     """One file written range by range, in any order, and hashed in order (thread-safe).
 
-    It owns the file's descriptor: ``close`` closes it once no ``put`` or ``finish`` is
-    still running in a worker thread (a cancelled task leaves its thread running; closing
-    under it could let it write into whatever file reuses the descriptor number).
+    It owns the file's descriptor (a ``SharedFd``): ``close`` closes it once no ``put`` or
+    ``finish`` is still running in a worker thread.
     """
 
     def __init__(self, fd: int, size: int) -> None:
-        self._fd = fd
+        self._file = SharedFd(fd)
         self.size = size
         self._digest = new_digest()
         self._hashed = 0
         self._pending: dict[int, tuple[mmap.mmap, int]] = {}
         self._hashing = False
         self._lock = threading.Lock()
-        self._users = 1  # the owner, until close(); and each call in a thread
-        self._closed = False
         self.direct = direct_io(fd)
 
     def put(self, offset: int, buf: mmap.mmap, length: int) -> list[mmap.mmap]:
         """Write ``length`` bytes of ``buf`` at ``offset``; hash as far as ranges are now
         contiguous; return the buffers hashed here (free to reuse). ``buf`` itself may be
         hashed, and returned, by whichever call completes the range before it."""
-        with self._using():
-            self._write(offset, buf, length)
+        with self._file.using() as fd:
+            self._write(fd, offset, buf, length)
             return self._hash_ready(offset, buf, length)
 
     def _hash_ready(self, offset: int, buf: mmap.mmap, length: int) -> list[mmap.mmap]:
@@ -92,8 +88,8 @@ class Assembler:
                 with self._lock:
                     self._hashing = False
 
-    def _write(self, offset: int, buf: mmap.mmap, length: int) -> None:
-        direct = write_at(self._fd, memoryview(buf), length, offset, self.direct)
+    def _write(self, fd: int, offset: int, buf: mmap.mmap, length: int) -> None:
+        direct = write_at(fd, memoryview(buf), length, offset, self.direct)
         if not direct and self.direct:
             with self._lock:
                 self.direct = False
@@ -101,37 +97,15 @@ class Assembler:
     def finish(self) -> str:
         """The file's sha256, once every byte has been written and hashed; cuts the padding
         of a direct tail."""
-        with self._using():
+        with self._file.using() as fd:
             if self._hashed != self.size:
                 raise IntegrityError(f"assembled {self._hashed} of {self.size} bytes")
-            trim(self._fd, self.size)
+            trim(fd, self.size)
             return str(self._digest.hexdigest())
 
     def close(self) -> None:
         """Give up the descriptor: closed now, or by the last call still running."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._release()
-
-    @contextlib.contextmanager
-    def _using(self) -> Iterator[None]:
-        with self._lock:
-            if self._closed:
-                raise StorageError("the restore of this file was abandoned")
-            self._users += 1
-        try:
-            yield
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            last = not self._users
-        if last:
-            os.close(self._fd)
+        self._file.close()
 
 
 async def fetch_file(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import posixpath
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -22,7 +21,7 @@ import asyncssh
 
 from traind.errors import StorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import StagedWriter, create, iter_chunks
+from traind.storage.fileio import SharedFd, StagedWriter, create, iter_chunks
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -97,20 +96,21 @@ async def _get_file(
     total = 0
     async with await sftp.open(remote, "rb", block_size=-1, max_requests=128) as f:
         size = (await f.stat()).size or 0
-        fd = await _local(local, create, local, size)
+        # Written in worker threads: closed by the last one still writing (a SharedFd).
+        file = SharedFd(await _local(local, create, local, size))
         inflight: deque[asyncio.Future[bytes]] = deque()
         try:
-            out = await _local(local, StagedWriter, fd)
+            out = await _local(local, StagedWriter, file.fd)
             for offset in range(0, size, CHUNK):
                 inflight.append(asyncio.ensure_future(f.read(CHUNK, offset)))
                 if len(inflight) >= WINDOW:
-                    total += await _write_next(inflight, out, digest, local, advance)
+                    total += await _write_next(inflight, out, file, digest, local, advance)
             while inflight:
-                total += await _write_next(inflight, out, digest, local, advance)
-            await _local(local, out.finish, total)
+                total += await _write_next(inflight, out, file, digest, local, advance)
+            await _local(local, _finish, out, file, total)
         finally:
             await _cancel(inflight)
-            os.close(fd)
+            file.close()
     return total, digest.hexdigest()
 
 
@@ -221,12 +221,13 @@ async def _fsync(f: asyncssh.SFTPClientFile) -> None:
 async def _write_next(
     inflight: deque[asyncio.Future[bytes]],
     out: StagedWriter,
+    file: SharedFd,
     digest: Hash,
     local: Path,
     advance: Advance,
 ) -> int:
     data = await inflight.popleft()
-    await _local(local, _write_hashed, out, data, digest)
+    await _local(local, _write_hashed, out, file, data, digest)
     advance(len(data))
     return len(data)
 
@@ -248,9 +249,15 @@ def _next_hashed(chunks: Iterator[bytes], digest: Hash, local: Path) -> bytes:
     return chunk
 
 
-def _write_hashed(out: StagedWriter, data: bytes, digest: Hash) -> None:
+def _write_hashed(out: StagedWriter, file: SharedFd, data: bytes, digest: Hash) -> None:
     digest.update(data)
-    out.write(data)
+    with file.using():
+        out.write(data)
+
+
+def _finish(out: StagedWriter, file: SharedFd, size: int) -> None:
+    with file.using():
+        out.finish(size)
 
 
 async def _local(path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
