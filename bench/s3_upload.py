@@ -34,12 +34,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import botocore.session
 from bench.inside import read, recorded
-from botocore.config import Config
 from tests.support.seaweed import (
     ACCESS_KEY,
     REGION,
@@ -166,8 +165,11 @@ CEILING = "curl (ceiling)"
 """Not a peer: the server's own ceiling (see the module's docstring)."""
 
 
-def upload_commands(src: Path, endpoint: str, bucket: str) -> dict[str, list[str] | None]:
-    """Per tool, the command that uploads ``src`` to ``bucket`` (None: not installed)."""
+def upload_commands(
+    src: Path, endpoint: str, bucket: str, client: Any
+) -> dict[str, list[str] | None]:
+    """Per tool, the command that uploads ``src`` to ``bucket`` (None: not installed);
+    ``client`` (the server's, ``SeaweedS3.client``) presigns the curl row's URLs."""
     me = [sys.executable, __file__]
     cmds: dict[str, list[str] | None] = {
         "traind": [*me, "_traind_upload", endpoint, bucket, str(src), str(INSIDE)],
@@ -178,7 +180,7 @@ def upload_commands(src: Path, endpoint: str, bucket: str) -> dict[str, list[str
         CEILING: None,
     }
     if shutil.which("curl"):
-        cmds[CEILING] = ["sh", "-c", presigned_curls(src, endpoint, bucket)]
+        cmds[CEILING] = ["sh", "-c", presigned_curls(src, client, bucket)]
     if shutil.which("aws"):
         cmds["aws s3 cp --recursive"] = ["aws", "--endpoint-url", endpoint, "s3", "cp",
                                          "--recursive", "--only-show-errors", str(src),
@@ -192,12 +194,9 @@ def upload_commands(src: Path, endpoint: str, bucket: str) -> dict[str, list[str
     return cmds
 
 
-def presigned_curls(src: Path, endpoint: str, bucket: str) -> str:
-    """A shell script that PUTs every file of ``src`` at once with curl, to presigned URLs
-    (UNSIGNED-PAYLOAD: nothing hashed), failing if any curl fails."""
-    client = botocore.session.get_session().create_client(
-        "s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY, config=Config(s3={"addressing_style": "path"}))
+def presigned_curls(src: Path, client: Any, bucket: str) -> str:
+    """A shell script that PUTs every file of ``src`` at once with curl, to URLs presigned
+    by ``client`` (UNSIGNED-PAYLOAD: nothing hashed), failing if any curl fails."""
     lines = []
     for i, path in enumerate(sorted(src.iterdir())):
         url = client.generate_presigned_url(
@@ -349,7 +348,7 @@ def run_all(
         client.delete_bucket(Bucket="warmup")
         upload = run_tools(
             "upload",
-            lambda tool: upload_commands(src, server.endpoint, bucket_of.get(tool, "x")),
+            lambda tool: upload_commands(src, server.endpoint, bucket_of.get(tool, "x"), client),
             server, nbytes, new_bucket, drop_bucket, repeat,
         )
         # Warm the server up for the restores too (untimed): whoever restores first would

@@ -82,14 +82,13 @@ def test_copy_hashed_sizes_around_chunks_and_blocks(tmp_path: Path, size: int) -
 def test_staged_writer_appends_pieces_of_any_size(tmp_path: Path) -> None:
     """Pieces that straddle stage boundaries land in order; the padded tail is cut."""
     data = os.urandom(2 * fileio.STAGE + 12345)
-    fd = fileio.create(tmp_path / "f", len(data))
+    out = fileio.StagedWriter(fileio.create(tmp_path / "f", len(data)))
     try:
-        out = fileio.StagedWriter(fd)
         for start in range(0, len(data), 1_000_003):
             out.write(data[start : start + 1_000_003])
         out.finish(len(data))
     finally:
-        os.close(fd)
+        out.close()
     assert (tmp_path / "f").read_bytes() == data
 
 

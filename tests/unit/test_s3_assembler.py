@@ -89,8 +89,8 @@ def test_a_refused_direct_write_falls_back_to_buffered(
             raise OSError(errno.EINVAL, "Invalid argument")
         return real(fd, buf, offset)
 
-    monkeypatch.setattr(s3_download.os, "pwrite", pwrite)
-    monkeypatch.setattr(s3_download, "direct_io", lambda fd, on=True: on)
+    monkeypatch.setattr(fileio.os, "pwrite", pwrite)
+    monkeypatch.setattr(fileio, "direct_io", lambda fd, on=True: on)
     fd = create(tmp_path / "f", len(data))
     try:
         asm = Assembler(fd, len(data))

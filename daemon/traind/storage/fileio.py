@@ -12,7 +12,6 @@ import errno
 import fcntl
 import functools
 import hashlib
-import io
 import mmap
 import os
 import threading
@@ -176,6 +175,14 @@ class SharedFd:
         finally:
             self._release()
 
+    def direct_io(self) -> bool:
+        """``direct_io`` on the descriptor; closes it if that fails (in a constructor)."""
+        try:
+            return direct_io(self.fd)
+        except BaseException:
+            self.close()
+            raise
+
     def close(self) -> None:
         """Give up the descriptor: closed now, or by the last block still using it."""
         with self._lock:
@@ -200,15 +207,18 @@ class StagedWriter:
     """A file written front to back through one page-aligned buffer, a whole ``STAGE`` at a
     time at aligned offsets, so that the writes can be direct (``write_at``): no copy into
     new page-cache pages. Bytes are received straight into it (``room``, then ``filled``)
-    or copied in (``write``)."""
+    or copied in (``write``); ``write_at`` ends the staging, for writes at any offset.
+
+    It owns the descriptor (a ``SharedFd``): ``close`` it, also while a write is still
+    running in a worker thread.
+    """
 
     def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._buf = mmap.mmap(-1, STAGE)
-        self._view = memoryview(self._buf)
+        self._file = SharedFd(fd)
+        self._view = memoryview(mmap.mmap(-1, STAGE))
         self._base = 0  # the file offset of the buffer's first byte
         self._fill = 0
-        self._direct = direct_io(fd)
+        self._direct = self._file.direct_io()
 
     def room(self, n: int) -> memoryview:
         """Where the next (at most ``n``) bytes go."""
@@ -218,7 +228,7 @@ class StagedWriter:
         """``n`` bytes were put where ``room`` said; a full buffer is written out."""
         self._fill += n
         if self._fill == STAGE:
-            self._direct = write_at(self._fd, self._view, STAGE, self._base, self._direct)
+            self._flush(STAGE)
             self._base += STAGE
             self._fill = 0
 
@@ -231,58 +241,64 @@ class StagedWriter:
             self.filled(len(room))
             view = view[len(room) :]
 
-    def finish(self, size: int) -> None:
-        """Write what is left (padded if direct) and cut the file to ``size``."""
+    def write_at(self, data: bytes | memoryview, offset: int) -> None:
+        """Write ``data`` at ``offset``, buffered; what was staged is written out first."""
+        if self._fill or self._direct:
+            self.flush_buffered()
+        with self._file.using() as fd:
+            write_all(fd, data, offset)
+
+    def finish(self, size: int, *, durable: bool = False) -> None:
+        """Write what is left (padded if direct), cut the file to ``size``, and fsync it
+        when ``durable``."""
         if self._fill:
-            self._direct = write_at(self._fd, self._view, self._fill, self._base, self._direct)
-        trim(self._fd, size)
+            self._flush(self._fill)
+        with self._file.using() as fd:
+            trim(fd, size)
+            if durable:
+                os.fsync(fd)
 
     def flush_buffered(self) -> None:
-        """Write what is gathered without padding and leave the file buffered: writes at
-        any offset may follow."""
-        if self._direct:
-            self._direct = direct_io(self._fd, False)
-        write_all(self._fd, self._view[: self._fill], self._base)
+        """Write what is staged without padding, and leave the file buffered."""
+        with self._file.using() as fd:
+            if self._direct:
+                self._direct = direct_io(fd, False)
+            write_all(fd, self._view[: self._fill], self._base)
+        self._base += self._fill
         self._fill = 0
+
+    def close(self) -> None:
+        """Give up the descriptor (``SharedFd.close``)."""
+        self._file.close()
+
+    def _flush(self, n: int) -> None:
+        with self._file.using() as fd:
+            self._direct = write_at(fd, self._view, n, self._base, self._direct)
 
 
 def copy_hashed(
     src: Path, dst: Path, advance: Callable[[int], None], *, durable: bool = True
 ) -> tuple[int, str]:
-    """Copy ``src`` to ``dst``, hashing while reading, with direct writes where the
-    filesystem takes them (``direct_io``); fsync it when ``durable`` (a restore leaves that
-    to its caller, which makes the whole tree durable at once).
+    """Copy ``src`` to ``dst`` through a ``StagedWriter`` (direct writes where the
+    filesystem takes them), hashing while reading; fsync it when ``durable`` (a restore
+    leaves that to its caller, which makes the whole tree durable at once).
 
     Returns (bytes, sha256 hex).
     """
     digest = hashlib.sha256()
-    buf = mmap.mmap(-1, CHUNK)  # page-aligned, as direct writes need
-    view = memoryview(buf)
     total = 0
     with open(src, "rb", buffering=0) as fin:
-        fd = create(dst, os.fstat(fin.fileno()).st_size)
+        out = StagedWriter(create(dst, os.fstat(fin.fileno()).st_size))
         try:
-            direct = direct_io(fd)
-            while n := _fill(fin, view):
-                digest.update(view[:n])
-                direct = write_at(fd, view, n, total, direct)
+            while n := fin.readinto(room := out.room(STAGE)):
+                digest.update(room[:n])
+                out.filled(n)
                 total += n
                 advance(n)
-            trim(fd, total)
-            if durable:
-                os.fsync(fd)
+            out.finish(total, durable=durable)
         finally:
-            os.close(fd)
+            out.close()
     return total, digest.hexdigest()
-
-
-def _fill(f: io.RawIOBase, view: memoryview) -> int:
-    """Read into ``view`` until it is full or the file ends (so that every write but the
-    last is whole chunks, at aligned offsets); return the bytes read."""
-    filled = 0
-    while filled < len(view) and (n := f.readinto(view[filled:])):
-        filled += n
-    return filled
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int | None = None) -> None:

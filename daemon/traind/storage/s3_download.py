@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import mmap
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from traind.errors import IntegrityError, StorageError
-from traind.storage.fileio import SharedFd, create, direct_io, trim, write_at
+from traind.storage.fileio import SharedFd, create, trim, write_at
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct
 from traind.storage.s3_errors import retrying
@@ -56,7 +55,12 @@ class Assembler:
         self._pending: dict[int, tuple[mmap.mmap, int]] = {}
         self._hashing = False
         self._lock = threading.Lock()
-        self.direct = direct_io(fd)
+        self.direct = self._file.direct_io()
+
+    @classmethod
+    def create(cls, target: Path, size: int) -> Assembler:
+        """Create ``target`` for ``size`` bytes (``fileio.create``; blocking: in a thread)."""
+        return cls(create(target, size), size)
 
     def put(self, offset: int, buf: mmap.mmap, length: int) -> list[mmap.mmap]:
         """Write ``length`` bytes of ``buf`` at ``offset``; hash as far as ranges are now
@@ -126,26 +130,22 @@ async def fetch_file(
     are received by ``direct`` when given (``s3_direct``), else through aiobotocore; at most
     ``limit`` GETs at a time.
     """
-    fd = await asyncio.to_thread(create, target, size)
     try:
-        asm = Assembler(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        async with task_group() as tg:
-            for start in range(0, size, range_size):
-                buf = await pool.acquire(range_size)  # in order: see the module's docstring
-                tg.create_task(_fetch_range(ops, key, asm, buf, start,
-                                            min(size, start + range_size), pool, limit,
-                                            advance, bandwidth, direct))
-        return await asyncio.to_thread(asm.finish)
+        asm = await asyncio.to_thread(Assembler.create, target, size)
+        try:
+            async with task_group() as tg:
+                for start in range(0, size, range_size):
+                    buf = await pool.acquire(range_size)  # in order: see the docstring
+                    tg.create_task(_fetch_range(ops, key, asm, buf, start,
+                                                min(size, start + range_size), pool, limit,
+                                                advance, bandwidth, direct))
+            return await asyncio.to_thread(asm.finish)
+        finally:
+            asm.close()
     except OSError as exc:
         if isinstance(exc, ConnectionError):
             raise
         raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
-    finally:
-        asm.close()
 
 
 async def _fetch_range(

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from traind.errors import StorageError, TransientStorageError
 from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
-from traind.storage.fileio import StagedWriter, create, hash_file, write_all
+from traind.storage.fileio import StagedWriter, create, hash_file
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ DEFAULT_REQUEST = 32 * 1024
 
 MAX_REQUEST = 256 * 1024
 """Bytes per READ/WRITE at most, whatever the server allows (bounds the buffers)."""
-
 
 NEEDED = (wire.FSYNC, wire.POSIX_RENAME)
 """Extensions the server must offer: a durable file before the rename, an atomic rename."""
@@ -133,13 +132,13 @@ class SFTPPipe:
         if size is None:
             raise StorageError(f"{self._where}: stat {remote}: the server did not say its size")
         try:
-            fd = create(local, size)
+            stage = StagedWriter(create(local, size))
         except OSError as exc:
             raise StorageError(f"cannot write {local}: {exc.strerror or exc}") from exc
         try:
-            total, sha = self._read_all(handle, size, fd, local, advance)
+            total, sha = self._read_all(handle, size, stage, local, advance)
         finally:
-            os.close(fd)
+            stage.close()
         self._ok(f"close {remote}", wire.close(self._id(), handle))
         return total, sha
 
@@ -186,7 +185,7 @@ class SFTPPipe:
         return pending.pop(req_id)
 
     def _read_all(
-        self, handle: bytes, size: int, fd: int, local: Path, advance: Advance
+        self, handle: bytes, size: int, stage: StagedWriter, local: Path, advance: Advance
     ) -> tuple[int, str]:
         """Pipelined READs. Replies in order (OpenSSH's server always answers so) are
         received into a ``StagedWriter``, hashed there and written in whole stages, with direct
@@ -194,7 +193,6 @@ class SFTPPipe:
         payload is written at its offset and the file is hashed again from disk at the end,
         so the hash is always of what was written."""
         buf = self._buffer[: self.server.read]
-        stage = _local(local, StagedWriter, fd)
         todo = [(offset, min(len(buf), size - offset))
                 for offset in reversed(range(0, size, len(buf)))]
         pending: dict[int, tuple[int, int]] = {}
@@ -221,16 +219,14 @@ class SFTPPipe:
             n = wire.data_length(self._take(4)) if kind == wire.Reply.DATA and length > 4 else 0
             if not 0 < n <= wanted or n != length - 4:
                 raise wire.ProtocolError(f"an unexpected reply (type {kind}) to a read")
-            if in_order and offset == hashed:
+            in_order = in_order and offset == hashed
+            if in_order:
                 self._take_staged(stage, n, digest, local)
                 hashed += n
-            else:
-                if in_order:  # the first reply out of order: from here on, buffered
-                    in_order = False
-                    _local(local, stage.flush_buffered)
+            else:  # from the first reply out of order on: each at its offset
                 chunk = buf[:n]
                 self._take_into(chunk)
-                _local(local, write_all, fd, chunk, offset)
+                _local(local, stage.write_at, chunk, offset)
             if n < wanted:  # a short read: ask for the rest
                 todo.append((offset + n, wanted - n))
             advance(n)
@@ -239,9 +235,7 @@ class SFTPPipe:
             return hashed, digest.hexdigest()
         return _local(local, hash_file, local)
 
-    def _take_staged(
-        self, stage: StagedWriter, n: int, digest: Hash, local: Path
-    ) -> None:
+    def _take_staged(self, stage: StagedWriter, n: int, digest: Hash, local: Path) -> None:
         """Receive ``n`` in-order bytes straight into ``stage``, hashing them there and
         writing each stage as it fills."""
         while n:

@@ -21,7 +21,7 @@ import asyncssh
 
 from traind.errors import StorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import SharedFd, StagedWriter, create, iter_chunks
+from traind.storage.fileio import StagedWriter, create, iter_chunks
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
@@ -96,21 +96,20 @@ async def _get_file(
     total = 0
     async with await sftp.open(remote, "rb", block_size=-1, max_requests=128) as f:
         size = (await f.stat()).size or 0
-        # Written in worker threads: closed by the last one still writing (a SharedFd).
-        file = SharedFd(await _local(local, create, local, size))
+        # Written in worker threads; closed by the last one still writing (StagedWriter).
+        out = await _local(local, _open_for_write, local, size)
         inflight: deque[asyncio.Future[bytes]] = deque()
         try:
-            out = await _local(local, StagedWriter, file.fd)
             for offset in range(0, size, CHUNK):
                 inflight.append(asyncio.ensure_future(f.read(CHUNK, offset)))
                 if len(inflight) >= WINDOW:
-                    total += await _write_next(inflight, out, file, digest, local, advance)
+                    total += await _write_next(inflight, out, digest, local, advance)
             while inflight:
-                total += await _write_next(inflight, out, file, digest, local, advance)
-            await _local(local, _finish, out, file, total)
+                total += await _write_next(inflight, out, digest, local, advance)
+            await _local(local, out.finish, total)
         finally:
             await _cancel(inflight)
-            file.close()
+            out.close()
     return total, digest.hexdigest()
 
 
@@ -221,13 +220,12 @@ async def _fsync(f: asyncssh.SFTPClientFile) -> None:
 async def _write_next(
     inflight: deque[asyncio.Future[bytes]],
     out: StagedWriter,
-    file: SharedFd,
     digest: Hash,
     local: Path,
     advance: Advance,
 ) -> int:
     data = await inflight.popleft()
-    await _local(local, _write_hashed, out, file, data, digest)
+    await _local(local, _write_hashed, out, data, digest)
     advance(len(data))
     return len(data)
 
@@ -249,15 +247,13 @@ def _next_hashed(chunks: Iterator[bytes], digest: Hash, local: Path) -> bytes:
     return chunk
 
 
-def _write_hashed(out: StagedWriter, file: SharedFd, data: bytes, digest: Hash) -> None:
+def _open_for_write(local: Path, size: int) -> StagedWriter:
+    return StagedWriter(create(local, size))  # the caller closes it
+
+
+def _write_hashed(out: StagedWriter, data: bytes, digest: Hash) -> None:
     digest.update(data)
-    with file.using():
-        out.write(data)
-
-
-def _finish(out: StagedWriter, file: SharedFd, size: int) -> None:
-    with file.using():
-        out.finish(size)
+    out.write(data)
 
 
 async def _local(path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
