@@ -152,22 +152,20 @@ class S3Backend:
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         ops = await self._client()
-        limit = asyncio.Semaphore(self._config.concurrency)
         hashes: dict[str, str] = {}
         started = time.monotonic()
         # Ranged GETs received straight into buffers; None (proxies, TRAIND_S3_DIRECT=0):
         # through aiobotocore.
         direct = direct_client(ops, self._config.connect_timeout)
-
-        # One buffer more than GETs in flight: a range received ahead of a slower one waits
-        # in memory for it to be hashed first without stopping a GET (measured: twice the
-        # buffers gained nothing).
-        pool = BufferPool(self._config.concurrency + 1)
+        # ``concurrency`` GETs in flight, each into its own buffer. A range received ahead
+        # of a slower one keeps its buffer until it is hashed; spare buffers for such ranges
+        # gained nothing measurable (one spare, or twice the buffers).
+        pool = BufferPool(self._config.concurrency)
 
         async def one(path: str, size: int) -> None:
             hashes[path] = await fetch_file(
                 ops, self._key(manifest.tag, path), dest / check_relpath(path), size, pool,
-                RANGE_SIZE, limit, advance, self._bandwidth, direct,
+                RANGE_SIZE, advance, self._bandwidth, direct,
             )
 
         try:
