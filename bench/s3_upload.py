@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.inside import read, recorded
+from bench.inside import journal_session, read, recorded
 from tests.support.seaweed import (
     ACCESS_KEY,
     REGION,
@@ -383,23 +383,6 @@ def _backend(endpoint: str, bucket: str) -> object:
     return S3Backend(config, "run")
 
 
-class _Session:
-    def __init__(self) -> None:
-        self.done: dict[str, str] = {}
-
-    def advance(self, nbytes: int) -> None:
-        pass
-
-    async def file_done(self, path: str, sha256: str) -> None:
-        self.done[path] = sha256
-
-    async def load_state(self, path: str) -> str | None:
-        return None
-
-    async def save_state(self, path: str, state: str) -> None:
-        pass
-
-
 async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> None:
     from traind.checkpoints.manifest import FileEntry, Manifest
     from traind.storage.base import LocalFile
@@ -409,10 +392,9 @@ async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> N
     files = [LocalFile(p.name, p.stat().st_size) for p in sorted(root.iterdir())]
     backend = _backend(endpoint, bucket)
     assert isinstance(backend, S3Backend)
-    session = _Session()
     try:
         await backend.manifests()  # a daemon has its client open (it listed at start-up)
-        with recorded(Path(inside)):
+        with journal_session("checkpoint-1") as session, recorded(Path(inside)):
             await backend.upload("checkpoint-1", root, files, session)
             entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
             await backend.commit(Manifest(run="run", tag="checkpoint-1", step=1, files=entries))

@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.inside import read, recorded  # noqa: E402
+from bench.inside import journal_session, read, recorded  # noqa: E402
 from tests.support.sshd import HOST, SSHServer, descendants  # noqa: E402
 
 from traind.units import format_size, parse_size  # noqa: E402
@@ -240,27 +240,12 @@ async def worker(config_path: Path, ckpt: Path, transfer: str) -> None:
         LocalFile(p.relative_to(ckpt).as_posix(), p.stat().st_size)
         for p in sorted(ckpt.rglob("*")) if p.is_file()
     ]
-    done: dict[str, str] = {}
-
-    class Session:
-        def advance(self, nbytes: int) -> None:
-            pass
-
-        async def file_done(self, path: str, sha256: str) -> None:
-            done[path] = sha256
-
-        async def load_state(self, path: str) -> str | None:
-            return None
-
-        async def save_state(self, path: str, state: str) -> None:
-            pass
-
     # What a running daemon spends: the upload without interpreter start-up and imports
     # (closing included: ssh processes' CPU is counted once they are reaped).
-    with recorded(config_path.with_suffix(".result")):
+    with journal_session(ckpt.name) as session, recorded(config_path.with_suffix(".result")):
         try:
-            await backend.upload(ckpt.name, ckpt, files, Session())
-            entries = tuple(FileEntry(f.path, f.size, done[f.path]) for f in files)
+            await backend.upload(ckpt.name, ckpt, files, session)
+            entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
             await backend.commit(Manifest(run="bench", tag=ckpt.name, step=1000,
                                           files=entries))
         finally:
