@@ -97,6 +97,8 @@ class Observer:
 
     def child_changed(self, child: ChildStatus) -> None:
         """A supervised child changed state."""
+        if child.name not in self._restarts:
+            self.metrics.add_child(child.name)  # its restart counter exported from 0
         if child.restarts > self._restarts.get(child.name, 0):
             self.metrics.restarted(child.name)
         self._restarts[child.name] = child.restarts

@@ -1,0 +1,39 @@
+"""The observer's metrics follow the supervised children it is told about."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from traind.observe import Observer
+from traind.supervisor.runner import ChildStatus
+
+
+def restarts(observer: Observer) -> dict[str, float]:
+    """``traind_child_restarts_total`` by child, as a scrape would see it."""
+    text = observer.metrics.render().decode()
+    return {
+        s.labels["child"]: s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "traind_child_restarts_total"
+    }
+
+
+def test_restart_counters_start_at_zero_and_count_restarts() -> None:
+    """A child's counter is exported at 0 from its first state change (so rate() and
+    alerts see the series before the first restart), and counts each restart once."""
+    streamer: Any = SimpleNamespace(queued=0, current=None)
+    observer = Observer("run", streamer, lambda: "local", lambda: 0)
+    vllm = ChildStatus("vllm", "vllm", "starting", None, 1, 0, None, 0.0, None)
+    assert restarts(observer) == {}
+    observer.child_changed(vllm)
+    observer.child_changed(replace(vllm, state="healthy", pid=42))
+    assert restarts(observer) == {"vllm": 0}
+    observer.child_changed(replace(vllm, state="starting", starts=2, restarts=1))
+    observer.child_changed(replace(vllm, state="healthy", starts=2, restarts=1))
+    observer.child_changed(ChildStatus("trainer", "trainer", "running", 7, 1, 0, None, 0.0, None))
+    assert restarts(observer) == {"vllm": 1, "trainer": 0}
