@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 
+from traind.backoff import doubling
 from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts
@@ -130,7 +131,7 @@ class Streamer:
     def _retry_later(self, tag: str, exc: BaseException) -> None:
         n = self._failures[tag] = self._failures.get(tag, 0) + 1
         initial, cap = self._retry
-        delay = min(cap, initial * 2 ** (n - 1))
+        delay = doubling(n - 1, initial, cap)
         log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
         asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
 

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from traind.backoff import doubling
 from traind.launch.base import Constraints, HostState, Offer
 from traind.launch.config import VastSection
 from traind.launch.errors import BackendAPIError
@@ -107,7 +108,7 @@ class VastAPI:
                 attempt += 1
                 if not retry or attempt > cfg.retries or isinstance(exc, ValueError):
                     raise BackendAPIError(f"vast.ai {method} {path}: {error}") from exc
-            delay = min(cfg.backoff_max, cfg.backoff_initial * 2 ** (attempt - 1))
+            delay = doubling(attempt - 1, cfg.backoff_initial, cfg.backoff_max)
             log.warning("vast_api_retry", method=method, path=path, attempt=attempt,
                         retry_in=delay, error=error)
             await asyncio.sleep(delay)

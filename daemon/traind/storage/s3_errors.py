@@ -18,6 +18,7 @@ import aiohttp
 import structlog
 from botocore import exceptions as bce
 
+from traind.backoff import doubling
 from traind.errors import StorageError, TransientStorageError
 
 log = structlog.get_logger("traind.s3")
@@ -139,7 +140,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """The pause before retry number ``attempt`` (0-based)."""
-        return random.uniform(self.base, max(self.base, min(self.cap, self.base * 2**attempt)))
+        return random.uniform(self.base, max(self.base, doubling(attempt, self.base, self.cap)))
 
 
 async def retrying(

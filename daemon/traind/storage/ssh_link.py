@@ -22,6 +22,7 @@ from typing import TypeVar
 import asyncssh
 import structlog
 
+from traind.backoff import doubling
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError
 from traind.storage.ssh_errors import Target, auth_error, host_key_error, translate
@@ -41,11 +42,6 @@ CIPHERS = (
 )
 
 
-def backoff(attempt: int, initial: float, cap: float) -> float:
-    """Seconds to wait before retry number ``attempt`` (1-based): doubling, capped."""
-    return min(cap, initial * 2.0 ** (attempt - 1))
-
-
 async def retrying(config: SSHStorage, action: str, attempt: Callable[[], Awaitable[T]]) -> T:
     """Await ``attempt()`` until it succeeds or fails for good: after a TransientStorageError
     it runs again, at most ``config.retries`` times, with capped exponential backoff."""
@@ -57,7 +53,7 @@ async def retrying(config: SSHStorage, action: str, attempt: Callable[[], Awaita
             failures += 1
             if failures > config.retries:
                 raise
-            delay = backoff(failures, config.backoff_initial, config.backoff_max)
+            delay = doubling(failures - 1, config.backoff_initial, config.backoff_max)
             log.warning(
                 "ssh_retry", action=action, attempt=failures, retry_in=delay, error=str(exc)
             )

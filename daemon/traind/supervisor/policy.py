@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from traind.backoff import doubling
 from traind.config import RestartConfig
 
 JITTER = 0.2
@@ -58,7 +59,7 @@ def is_failure(role: Role, returncode: int | None) -> bool:
 def backoff(config: RestartConfig, attempt: int, jitter: float) -> float:
     """Delay before restart number ``attempt`` (0-based): doubling from ``backoff_initial``,
     spread by ``jitter`` in [0, 1), never above ``backoff_max``."""
-    base = min(config.backoff_max, config.backoff_initial * 2.0 ** min(attempt, 64))
+    base = doubling(attempt, config.backoff_initial, config.backoff_max)
     return min(config.backoff_max, base * (1.0 - JITTER + 2.0 * JITTER * jitter))
 
 
