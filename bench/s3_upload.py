@@ -295,6 +295,7 @@ def verdict(upload: list[Result], restore: list[Result]) -> None:
     s5 = next((r for r in restore if r.tool == "s5cmd"), None)
     if s5:
         print(f"- restore speed: {rate(restore_ours) / rate(s5):.2f}x s5cmd; target >= 0.8x")
+    print(f"- restore peak RSS: {restore_ours.max_rss_mb:.0f} MB (the upload's target: <= 200 MB)")
 
 
 def main() -> None:
