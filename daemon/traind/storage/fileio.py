@@ -150,11 +150,11 @@ def _fallocate() -> Callable[[int, int, int, int], int] | None:
 
 
 class SharedFd:
-    """A descriptor that worker threads write through, closed by its owner's ``close`` or,
-    if any are still running then, by the last of them.
+    """A descriptor that worker threads read or write through, closed by its owner's
+    ``close`` or, if any are still running then, by the last of them.
 
     A cancelled task leaves its ``asyncio.to_thread`` call running; closing the descriptor
-    under it could let it write into whatever file reuses the descriptor's number.
+    under it could let it read or write whatever file reuses the descriptor's number.
     """
 
     def __init__(self, fd: int) -> None:

@@ -22,7 +22,7 @@ import structlog
 
 from traind.errors import StorageError
 from traind.storage.base import UploadSession
-from traind.storage.fileio import hash_file
+from traind.storage.fileio import SharedFd, hash_file
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct
 from traind.storage.s3_errors import error_code, retrying
@@ -146,7 +146,8 @@ class Uploader:
         resumed = len(state.parts)
         digest = new_digest()
         save_lock = asyncio.Lock()
-        fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
+        # A cancelled read goes on in its thread: the descriptor outlives it (SharedFd).
+        file = SharedFd(await asyncio.to_thread(os.open, path, os.O_RDONLY))
         try:
             async with task_group() as tg:
                 for number in range(1, state.part_count + 1):
@@ -156,7 +157,7 @@ class Uploader:
                     have = number in state.parts
                     try:
                         crc = await asyncio.to_thread(
-                            read_part, fd, (number - 1) * state.part_size, view, digest,
+                            read_part, file, (number - 1) * state.part_size, view, digest,
                             self._crc and not have,
                         )
                     except BaseException:
@@ -169,7 +170,7 @@ class Uploader:
                         self._part(state, number, buf, view, crc, rel, session, save_lock)
                     )
         finally:
-            os.close(fd)
+            file.close()
         await self._complete(state)
         log.debug("s3_multipart_done", key=key, parts=state.part_count, resumed_parts=resumed)
         return str(digest.hexdigest())
@@ -335,8 +336,8 @@ def _confirmed(
 
 
 def _read_whole(path: Path, view: memoryview, digest: Any, crc: bool) -> str | None:
-    fd = os.open(path, os.O_RDONLY)
+    file = SharedFd(os.open(path, os.O_RDONLY))
     try:
-        return read_part(fd, 0, view, digest, crc)
+        return read_part(file, 0, view, digest, crc)
     finally:
-        os.close(fd)
+        file.close()

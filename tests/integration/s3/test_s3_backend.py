@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
+import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -103,6 +107,52 @@ async def test_multipart_upload(
     expected = hashlib.sha256((root / "shard.bin").read_bytes()).hexdigest()
     assert session.done == {"shard.bin": expected} == got
     assert session.states == {}
+
+
+def is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            return False
+        raise
+    return True
+
+
+async def test_cancelled_upload_closes_its_file_after_the_read_in_flight(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancelled upload leaves a part's read running in its thread: the file stays open
+    until that read ends (closed under it, the number could be another file's by then)."""
+    root = tmp_path / "checkpoint-2"
+    files = make_checkpoint(root, {"shard.bin": 12 * MIB})
+    entered, go_on = threading.Event(), threading.Event()
+    fds: list[int] = []
+    real = os.preadv
+
+    def held(fd: int, buffers: Any, offset: int) -> int:
+        if not fds:  # the first part's read: hold it
+            fds.append(fd)
+            entered.set()
+            go_on.wait(10)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", held)
+    backend = backends(s3_config(s3_server, bucket))
+    task = asyncio.create_task(backend.upload("checkpoint-2", root, files, RecordingSession()))
+    assert await asyncio.to_thread(entered.wait, 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert is_open(fds[0])  # the read holds it
+    go_on.set()
+    for _ in range(100):
+        if not is_open(fds[0]):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the file was not closed after the read ended")
 
 
 @pytest.mark.parametrize(
