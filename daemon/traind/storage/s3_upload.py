@@ -3,8 +3,9 @@
 Every byte is read once: the part buffer is filled, hashed into the file's sha256 (in file
 order, so reading is sequential per file) and, unless the store already has that part, sent
 while the next part is read. Resume state — upload id, part size, and each finished part's
-ETag and CRC32 — goes to the session after every part, so a restarted daemon asks ListParts
-which parts the store really has and re-reads (to hash) but does not re-send them.
+ETag and CRC32 — goes to the session as parts finish (one save at a time, covering every
+part finished before it), so a restarted daemon asks ListParts which parts the store really
+has and re-reads (to hash) but does not re-send them.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ class Uploader:
             return sha
         resumed = len(state.parts)
         digest = new_digest()
-        save_lock = asyncio.Lock()
+        saver = _Saver(session, rel, state)
         # A cancelled read goes on in its thread: the descriptor outlives it (SharedFd).
         file = SharedFd(await asyncio.to_thread(os.open, path, os.O_RDONLY))
         try:
@@ -167,7 +168,7 @@ class Uploader:
                         self._pool.release(buf)
                         continue
                     tg.create_task(
-                        self._part(state, number, buf, view, crc, rel, session, save_lock)
+                        self._part(state, number, buf, view, crc, session, saver)
                     )
         finally:
             file.close()
@@ -182,17 +183,15 @@ class Uploader:
         buf: mmap.mmap,
         view: memoryview,
         crc: str | None,
-        rel: str,
         session: UploadSession,
-        save_lock: asyncio.Lock,
+        saver: _Saver,
     ) -> None:
         try:
             etag = await self._put(state.key, view, crc, (state.upload_id, number))
         finally:
             self._pool.release(buf)
         state.parts[number] = (etag, crc)
-        async with save_lock:
-            await session.save_state(rel, state.to_json())
+        await saver.save()
         session.advance(len(view))
 
     async def _put(
@@ -311,6 +310,32 @@ class Uploader:
     async def _throttle(self, nbytes: int) -> None:
         if self._bandwidth is not None:
             await self._bandwidth.take(nbytes)
+
+
+class _Saver:
+    """Saves one file's resume state as its parts finish, one save at a time; a save covers
+    every part finished before it began, so parts finishing during a slow save (the
+    journal's fsync, behind a trainer's gigabytes of dirty pages) share the next one instead
+    of queueing a save each."""
+
+    def __init__(self, session: UploadSession, rel: str, state: Resume) -> None:
+        self._session = session
+        self._rel = rel
+        self._state = state
+        self._lock = asyncio.Lock()
+        self._changes = 0
+        self._saved = 0
+
+    async def save(self) -> None:
+        """Return once a save that includes every change made so far is done."""
+        self._changes += 1
+        mine = self._changes
+        async with self._lock:
+            if self._saved >= mine:
+                return  # a save that began after this change already covered it
+            covered = self._changes
+            await self._session.save_state(self._rel, self._state.to_json())
+            self._saved = covered
 
 
 def _confirmed(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import itertools
 import os
 import threading
 import time
@@ -107,6 +108,40 @@ async def test_multipart_upload(
     expected = hashlib.sha256((root / "shard.bin").read_bytes()).hexdigest()
     assert session.done == {"shard.bin": expected} == got
     assert session.states == {}
+
+
+class SlowJournal(RecordingSession):
+    """A session whose saves take ``delay`` seconds (an fsync behind a busy disk)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.saved: list[Resume] = []
+
+    async def save_state(self, path: str, state: str) -> None:
+        await asyncio.sleep(self.delay)
+        resume = Resume.from_json(state)
+        assert resume is not None
+        self.saved.append(resume)
+        await super().save_state(path, state)
+
+
+async def test_slow_resume_saves_do_not_queue_one_per_part(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+) -> None:
+    """Parts finishing while a save is under way share the next save: a slow journal costs
+    a few saves' time, not one per part, and every part still ends up recorded."""
+    root = tmp_path / "checkpoint-3"
+    files = make_checkpoint(root, {"shard.bin": 16 * 5 * MIB})
+    backend = backends(s3_config(s3_server, bucket, part_size="5MiB", concurrency=4))
+    session = SlowJournal(delay=0.5)
+    async with asyncio.timeout(30):
+        await backend.upload("checkpoint-3", root, files, session)
+    done = [set(r.parts) for r in session.saved[1:]]  # [0]: the new upload, before any part
+    assert len(done) < 16 / 2
+    assert all(a < b for a, b in itertools.pairwise(done))
+    assert done[-1] == set(range(1, 17))
+    assert session.advanced == 16 * 5 * MIB
 
 
 def is_open(fd: int) -> bool:
