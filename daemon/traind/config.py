@@ -269,11 +269,16 @@ def validate(data: dict[str, Any], source: str = "") -> Settings:
     try:
         return Settings(**data)
     except ValidationError as exc:
-        raise ConfigError([_describe(err) for err in exc.errors()], source) from exc
+        problems = [_describe(err) for err in exc.errors()]
+        if "backend" in data and "storage" not in data:  # its every key would be a problem
+            problems = ["this is a `traind launch` file (top-level `backend`, no [storage]): "
+                        "use it with `traind launch -c`; traind's own config is the file its "
+                        "[run] traind_config names"]
+        raise ConfigError(problems, source) from exc
 
 
 def _describe(err: Any) -> str:
-    loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
+    loc = _location(err["loc"])
     msg = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "missing":
         return f"{loc}: required key is missing"
@@ -287,5 +292,10 @@ def _describe(err: Any) -> str:
     return f"{loc}{shown}: {msg}"
 
 
-def _is_union_tag(part: object) -> bool:
-    return part in {"local", "s3", "ssh"}
+def _location(loc: tuple[Any, ...]) -> str:
+    """The key's dotted path as written in the file: ``storage.s3.bucket`` (pydantic names
+    the union member it tried) is ``storage.bucket``; a top-level ``ssh`` stays ``ssh``."""
+    parts = list(loc)
+    if len(parts) > 1 and parts[0] == "storage" and parts[1] in {"local", "s3", "ssh"}:
+        del parts[1]
+    return ".".join(str(p) for p in parts)

@@ -87,6 +87,26 @@ def test_every_problem_is_reported_with_key_and_value(tmp_path: Path) -> None:
     assert "retention.keep_last = 0" in joined
 
 
+def test_unknown_sections_are_named(tmp_path: Path) -> None:
+    """An unknown top-level section is named even when it shares a storage type's name."""
+    text = MINIMAL + '\n[ssh]\nhost = "gpu-1"\n\n[s3]\nbucket = "b"\n'
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text))
+    assert sorted(info.value.problems) == [
+        "s3: unknown key (check the spelling; see config/ for every key)",
+        "ssh: unknown key (check the spelling; see config/ for every key)",
+    ]
+
+
+def test_a_launch_file_is_recognised(tmp_path: Path) -> None:
+    """Given a ``traind launch`` file, check-config says what it is (not 17 key errors)."""
+    text = (Path(__file__).parents[2] / "config" / "launch.toml").read_text()
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text))
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith("this is a `traind launch` file")
+
+
 def test_unknown_storage_type(tmp_path: Path) -> None:
     """An unknown backend names the allowed ones."""
     with pytest.raises(ConfigError, match=r"storage.type = 'ftp'.*local, s3, ssh"):
