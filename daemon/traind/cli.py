@@ -259,6 +259,9 @@ async def _prune(args: argparse.Namespace) -> int:
     for where, verdicts in (("store", result.remote), ("local", result.local)):
         for v in sorted(verdicts, key=lambda v: v.step):
             print(f"{where:5}  {v.tag:24} {'keep' if v.keep else verb:13} {v.reason}")
+    if not result.remote and not result.local:
+        print(f"nothing to prune: no checkpoints in {storage.describe} or in "
+              f"{settings.run.output_dir}")
     return 0
 
 

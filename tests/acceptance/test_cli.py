@@ -121,6 +121,9 @@ def test_pull_unknown_tag_and_push_bad_dir(cfg: Path, tmp_path: Path) -> None:
 def test_prune_dry_run_then_prune(cfg: Path, tmp_path: Path) -> None:
     """--dry-run says what would go and why, deleting nothing; prune then deletes it."""
     cfg.write_text(cfg.read_text().replace("keep_last = 100", "keep_last = 2"))
+    empty = traind("prune", "-c", str(cfg), "--dry-run")
+    assert empty.returncode == 0
+    assert "nothing to prune: no checkpoints in " in empty.stdout
     for step in (1, 2, 3):
         assert (
             traind("push", "-c", str(cfg), str(make_ckpt(tmp_path / "src", step))).returncode == 0
