@@ -110,6 +110,28 @@ async def test_multipart_upload(
     assert session.states == {}
 
 
+async def test_max_bandwidth_caps_uploads_and_restores(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+) -> None:
+    """``max_bandwidth`` holds both directions to its rate (after a burst of one second's
+    worth): 24 MiB at 8 MiB/s take at least 2 s each way."""
+    root = tmp_path / "checkpoint-4"
+    files = make_checkpoint(root, {"shard.bin": 20 * MIB, "config.json": 4 * MIB})
+    backend = backends(s3_config(s3_server, bucket, max_bandwidth="8MiB"))
+    session = RecordingSession()
+    async with asyncio.timeout(30):
+        started = time.monotonic()
+        await backend.upload("checkpoint-4", root, files, session)
+        up = time.monotonic() - started
+        manifest = manifest_of("checkpoint-4", root, session.done)
+        again = backends(s3_config(s3_server, bucket, max_bandwidth="8MiB"))
+        started = time.monotonic()
+        await again.download(manifest, tmp_path / "out", lambda n: None)
+        down = time.monotonic() - started
+    assert up >= 1.9, up
+    assert down >= 1.9, down
+
+
 class SlowJournal(RecordingSession):
     """A session whose saves take ``delay`` seconds (an fsync behind a busy disk)."""
 
