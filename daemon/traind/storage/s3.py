@@ -37,6 +37,8 @@ from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.s3")
 DELETE_BATCH = 1000
+LIST_PAGE = 1000
+"""Keys per listing page (S3's maximum; also its default)."""
 
 
 class S3Backend:
@@ -116,7 +118,7 @@ class S3Backend:
         while True:
             extra: dict[str, Any] = {"ContinuationToken": token} if token else {}
             page = await ops.call("list_objects_v2", Prefix=self._run_prefix, Delimiter="/",
-                                  **extra)
+                                  MaxKeys=LIST_PAGE, **extra)
             for common in page.get("CommonPrefixes", []):
                 tags.append(str(common["Prefix"])[len(self._run_prefix):].rstrip("/"))
             token = page.get("NextContinuationToken")

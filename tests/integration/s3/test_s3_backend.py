@@ -27,7 +27,11 @@ from tests.support.seaweed import READONLY_ACCESS_KEY, READONLY_SECRET_KEY, Seaw
 from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
+from traind.storage import s3
+from traind.storage.keys import MANIFEST_NAME
 from traind.storage.s3 import S3Backend
+from traind.storage.s3_client import Ops
+from traind.storage.s3_direct import Direct
 from traind.storage.s3_upload import Resume
 
 pytestmark = pytest.mark.timeout(60)
@@ -108,6 +112,73 @@ async def test_multipart_upload(
     expected = hashlib.sha256((root / "shard.bin").read_bytes()).hexdigest()
     assert session.done == {"shard.bin": expected} == got
     assert session.states == {}
+
+
+async def test_listing_pages_and_deleting_in_batches(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Manifests are found across listing pages; a checkpoint is deleted manifest first (so
+    a half-deleted one is never listed), then its objects in batches."""
+    monkeypatch.setattr(s3, "LIST_PAGE", 2)
+    monkeypatch.setattr(s3, "DELETE_BATCH", 2)
+    backend = backends(s3_config(s3_server, bucket))
+    tags = [f"checkpoint-{step}" for step in range(1, 6)]
+    async with asyncio.timeout(30):
+        for step, tag in enumerate(tags, 1):
+            root = tmp_path / tag
+            files = make_checkpoint(root, {"a.bin": 1000, "b.bin": 2000, "c.json": 10}, seed=step)
+            session = RecordingSession()
+            await backend.upload(tag, root, files, session)
+            await backend.commit(manifest_of(tag, root, session.done))
+        assert [m.tag for m in await backend.manifests()] == tags
+    calls: list[tuple[str, str | None, int]] = []
+    original = Ops.call
+
+    async def spy(self: Ops, op: str, key: str | None = None, **params: Any) -> Any:
+        calls.append((op, key, len(params.get("Delete", {}).get("Objects", []))))
+        return await original(self, op, key, **params)
+
+    monkeypatch.setattr(Ops, "call", spy)
+    async with asyncio.timeout(30):
+        await backend.delete("checkpoint-3")
+        left = [m.tag for m in await backend.manifests()]
+    assert left == [t for t in tags if t != "checkpoint-3"]
+    assert calls[0] == ("delete_object", "ckpts/run1/checkpoint-3/" + MANIFEST_NAME, 0)
+    assert [n for op, _, n in calls if op == "delete_objects"] == [2, 1]
+    assert keys_under(s3_server, bucket, "ckpts/run1/checkpoint-3/") == []
+
+
+async def test_when_required_sends_no_checksums(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``request_checksum_calculation = "when_required"`` (for stores that refuse them) sends
+    no CRC32 with parts or whole objects; the default sends one with each."""
+    headers: list[dict[str, str]] = []
+    original = Direct.put
+
+    async def spy(self: Direct, key: str, body: memoryview, query: dict[str, str],
+                  sent: dict[str, str], operation: str) -> Any:
+        headers.append(sent)
+        return await original(self, key, body, query, sent, operation)
+
+    monkeypatch.setattr(Direct, "put", spy)
+    sizes = {"shard.bin": 6 * MIB, "config.json": 100}
+    for setting, tag in (("when_required", "checkpoint-1"), ("when_supported", "checkpoint-2")):
+        root = tmp_path / tag
+        files = make_checkpoint(root, sizes)
+        backend = backends(s3_config(s3_server, bucket, request_checksum_calculation=setting))
+        session = RecordingSession()
+        headers.clear()
+        async with asyncio.timeout(30):
+            await backend.upload(tag, root, files, session)
+            manifest = manifest_of(tag, root, session.done)
+            got = await backend.download(manifest, tmp_path / f"out-{tag}", lambda n: None)
+        assert got == session.done
+        assert len(headers) == 3  # two parts and the small file
+        with_crc = ["x-amz-checksum-crc32" in h for h in headers]
+        assert with_crc == [setting == "when_supported"] * 3, setting
 
 
 async def test_max_bandwidth_caps_uploads_and_restores(
