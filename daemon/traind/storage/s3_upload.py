@@ -315,8 +315,8 @@ class Uploader:
 class _Saver:
     """Saves one file's resume state as its parts finish, one save at a time; a save covers
     every part finished before it began, so parts finishing during a slow save (the
-    journal's fsync, behind a trainer's gigabytes of dirty pages) share the next one instead
-    of queueing a save each."""
+    journal's fsync on a busy or network disk) share the next one instead of queueing a
+    save each."""
 
     def __init__(self, session: UploadSession, rel: str, state: Resume) -> None:
         self._session = session
