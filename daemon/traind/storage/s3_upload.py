@@ -323,17 +323,16 @@ class _Saver:
         self._rel = rel
         self._state = state
         self._lock = asyncio.Lock()
-        self._changes = 0
-        self._saved = 0
+        self._saved = len(state.parts)
+        """How many parts the last save recorded (parts are only ever added)."""
 
     async def save(self) -> None:
-        """Return once a save that includes every change made so far is done."""
-        self._changes += 1
-        mine = self._changes
+        """Return once a save that includes every part finished so far is done."""
+        mine = len(self._state.parts)
         async with self._lock:
             if self._saved >= mine:
-                return  # a save that began after this change already covered it
-            covered = self._changes
+                return  # a save that began after this part finished already covered it
+            covered = len(self._state.parts)
             await self._session.save_state(self._rel, self._state.to_json())
             self._saved = covered
 
