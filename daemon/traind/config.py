@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -128,6 +128,11 @@ class SSHStorage(Section):
 
 
 StorageConfig = Annotated[LocalStorage | S3Storage | SSHStorage, Field(discriminator="type")]
+STORAGE_TYPES: tuple[str, ...] = tuple(
+    get_args(model.model_fields["type"].annotation)[0]
+    for model in get_args(get_args(StorageConfig)[0])
+)
+"""The ``[storage] type`` values, read from the union's models (for error messages)."""
 
 
 class RetentionConfig(Section):
@@ -286,7 +291,7 @@ def _describe(err: Any) -> str:
         return f"{loc}: unknown key (check the spelling; see config/ for every key)"
     if err["type"] == "union_tag_invalid":
         got = err["input"].get("type") if isinstance(err["input"], dict) else err["input"]
-        return f"{loc}.type = {got!r}: not a storage type; allowed: local, s3, ssh"
+        return f"{loc}.type = {got!r}: not a storage type; allowed: {', '.join(STORAGE_TYPES)}"
     value = err.get("input")
     shown = "" if isinstance(value, dict) else f" = {value!r}"
     return f"{loc}{shown}: {msg}"
@@ -296,6 +301,6 @@ def _location(loc: tuple[Any, ...]) -> str:
     """The key's dotted path as written in the file: ``storage.s3.bucket`` (pydantic names
     the union member it tried) is ``storage.bucket``; a top-level ``ssh`` stays ``ssh``."""
     parts = list(loc)
-    if len(parts) > 1 and parts[0] == "storage" and parts[1] in {"local", "s3", "ssh"}:
+    if len(parts) > 1 and parts[0] == "storage" and parts[1] in STORAGE_TYPES:
         del parts[1]
     return ".".join(str(p) for p in parts)
