@@ -63,6 +63,7 @@ class Daemon:
         )
         self._server: StatusServer | None = None
         self._prune_now = asyncio.Event()
+        self._resuming: tuple[str, ...] = ()
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
         """Run until ``stop`` is set, re-reading the config whenever ``reload`` is set.
@@ -125,9 +126,11 @@ class Daemon:
                 on_change=self.observer.child_changed,
             )
             self.observer.supervisor = self.supervisor
-        return Watcher(
+        watcher = Watcher(
             s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked
         )
+        self.streamer.on_rewritten = watcher.reopen
+        return watcher
 
     async def _store_manifests(self) -> list[Manifest]:
         """The store's manifests. A store that is down for now (network not up yet, server
@@ -205,9 +208,12 @@ class Daemon:
 
     async def _resume_point(self) -> Path | None:
         s = self.settings
-        return await recovery.resume_point(
+        path = await recovery.resume_point(
             self.storage, self.journal, s.run.output_dir, s.checkpoints
         )
+        # Local retention must not delete it while the trainer loads it (or later).
+        self._resuming = () if path is None else (path.name,)
+        return path
 
     async def _committed(self, manifest: Manifest) -> None:
         self.observer.committed(manifest)
@@ -225,7 +231,8 @@ class Daemon:
             s = self.settings
             try:
                 plan = await pruner.prune(
-                    self.storage, self.journal, s.retention, s.run.output_dir, s.checkpoints.pattern
+                    self.storage, self.journal, s.retention, s.run.output_dir,
+                    s.checkpoints.pattern, self._resuming,
                 )
             except Exception as exc:  # a failed prune must never stop the daemon
                 log.error("prune_failed", error=str(exc))

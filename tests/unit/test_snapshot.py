@@ -68,8 +68,18 @@ def test_symlinks_inside_kept_outside_skipped(tmp_path: Path) -> None:
     assert "alias.bin" in paths
     assert "leak.txt" not in paths
     assert not any(p.startswith("dirlink") for p in paths)
-    assert set(snap.skipped_symlinks) == {"leak.txt", "dirlink"}
+    assert set(snap.skipped) == {"leak.txt", "dirlink"}
     assert (tmp_path / "staging/checkpoint-3/alias.bin").read_bytes() == b"m" * 100
+
+
+def test_only_regular_files_are_taken(tmp_path: Path) -> None:
+    """A FIFO (which would block its reader forever) is left out and reported."""
+    src = checkpoint(tmp_path)
+    os.mkfifo(src / "pipe")
+    snap = take(src, tmp_path / "staging/checkpoint-3")
+    assert "pipe" not in {f.path for f in snap.files}
+    assert snap.skipped == ("pipe",)
+    assert observe(src, ("trainer_state.json",)) is not None
 
 
 def test_explicit_marker_is_not_part_of_the_checkpoint(tmp_path: Path) -> None:

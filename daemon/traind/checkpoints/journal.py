@@ -2,8 +2,9 @@
 
 States: ``staged`` (snapshot taken, may still change) → ``ready`` (complete, queued) →
 ``committed`` (manifest stored) → ``pruned`` (removed from the store by retention).
-Per file it keeps the sha256 once the file is durably stored, and opaque resume state for
-backends that upload in parts. Every write is one transaction, fsynced, so a daemon killed
+Per file it keeps its size and mtime when snapshot (a later rewrite by the trainer is told
+apart), the sha256 once the file is durably stored, and opaque resume state for backends
+that upload in parts. Every write is one transaction, fsynced, so a daemon killed
 at any moment restarts from the last thing that really happened.
 """
 
@@ -38,6 +39,7 @@ CREATE TABLE IF NOT EXISTS files (
     path TEXT NOT NULL,
     size INTEGER NOT NULL,
     sha256 TEXT,
+    mtime_ns INTEGER,
     PRIMARY KEY (tag, path)
 );
 CREATE TABLE IF NOT EXISTS resume (
@@ -61,12 +63,21 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class StagedFile(LocalFile):
+    """A file as its snapshot was taken: its mtime too, to notice a rewrite afterwards."""
+
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
 class StoredFile:
-    """A staged file and, once stored, its sha256."""
+    """A staged file and, once stored, its sha256; ``mtime_ns`` is None in journals
+    written before mtimes were kept."""
 
     path: str
     size: int
     sha256: str | None
+    mtime_ns: int | None
 
 
 class Journal:
@@ -78,7 +89,19 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        self._add_column("files", "mtime_ns INTEGER")
         self._lock = threading.Lock()
+
+    def _add_column(self, table: str, column: str) -> None:
+        """Add ``column`` to a ``table`` written by an older traind, which lacks it."""
+        name = column.split()[0]
+        if name in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+            return
+        try:
+            self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+        except sqlite3.OperationalError as exc:  # another process (traind push) added it
+            if "duplicate column" not in str(exc):
+                raise
 
     @classmethod
     def in_state_dir(cls, state_dir: Path) -> Journal:
@@ -147,7 +170,10 @@ class Journal:
             ("DELETE FROM resume WHERE tag = ?", (tag,)),
         ]
         ops += [
-            ("INSERT INTO files (tag, path, size) VALUES (?, ?, ?)", (tag, f.path, f.size))
+            (
+                "INSERT INTO files (tag, path, size, mtime_ns) VALUES (?, ?, ?, ?)",
+                (tag, f.path, f.size, f.mtime_ns if isinstance(f, StagedFile) else None),
+            )
             for f in files
         ]
         await self._run(self._tx, ops)
@@ -190,7 +216,7 @@ class Journal:
     def files_sync(self, tag: str) -> list[StoredFile]:
         """The staged files of ``tag`` with their sha256 where stored."""
         rows = self._query(
-            "SELECT path, size, sha256 FROM files WHERE tag = ? ORDER BY path", (tag,)
+            "SELECT path, size, sha256, mtime_ns FROM files WHERE tag = ? ORDER BY path", (tag,)
         )
         return [StoredFile(*r) for r in rows]
 

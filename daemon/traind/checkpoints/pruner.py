@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,17 +34,26 @@ async def plan(
     policy: RetentionConfig,
     output_dir: Path,
     pattern: str,
+    protected: Collection[str] = (),
 ) -> PrunePlan:
-    """Work out what retention would delete now, and why everything else stays."""
+    """Work out what retention would delete now, and why everything else stays.
+
+    A directory in ``output_dir`` counts as committed only when the journal says it was
+    stored from there (or restored there): a directory that merely shares a committed
+    tag's name (another run's, or one the trainer saved again) is never deleted.
+    ``protected`` tags stay on disk (the trainer's resume point)."""
     manifests = await storage.manifests()
     latest = newest(manifests)
     best = latest.trainer.best_tag if latest else None
     remote = plan_remote([Candidate(m.tag, m.step) for m in manifests], policy, best)
-    known = {e.tag for e in await journal.entries("committed", "pruned")}
-    committed = known | {m.tag for m in manifests}
+    here = output_dir.resolve()
+    committed = {
+        e.tag for e in await journal.entries("committed", "pruned")
+        if e.source.resolve() == here / e.tag
+    }
     present = await asyncio.to_thread(candidates, output_dir, pattern)
     local = plan_local(
-        [Candidate(t, s) for t, s in present.items()], committed, policy.keep_local
+        [Candidate(t, s) for t, s in present.items()], committed, policy.keep_local, protected
     )
     return PrunePlan(remote, local)
 
@@ -54,9 +64,10 @@ async def prune(
     policy: RetentionConfig,
     output_dir: Path,
     pattern: str,
+    protected: Collection[str] = (),
 ) -> PrunePlan:
     """Delete what the plan lets go; return the plan that was applied."""
-    result = await plan(storage, journal, policy, output_dir, pattern)
+    result = await plan(storage, journal, policy, output_dir, pattern, protected)
     for v in result.remote:
         if not v.keep:
             await storage.delete(v.tag)

@@ -90,16 +90,23 @@ async def recover(streamer: Streamer, journal: Journal, manifests: list[Manifest
 async def resume_point(
     storage: Storage, journal: Journal, output_dir: Path, config: CheckpointsConfig
 ) -> Path | None:
-    """The newest committed checkpoint as a local directory the trainer can resume from,
-    restored from the store first when it is no longer on disk; None before the first."""
-    committed = await journal.entries("committed")
-    if not committed:
-        return None
-    entry = max(committed, key=lambda e: e.step)
-    path = output_dir / entry.tag
-    seen = await asyncio.to_thread(observe, path, config.markers)
-    if seen is None or not seen.marked:
-        log.info("restore_starting", tag=entry.tag, step=entry.step, reason="resume point missing")
-        await asyncio.to_thread(shutil.rmtree, path, True)
-        await restore(storage, await find(storage, entry.tag), output_dir)
-    return path
+    """The newest complete checkpoint as a local directory the trainer can resume from;
+    None before the first.
+
+    Complete means committed, or complete and waiting for its upload (``ready``) while still
+    on disk: resuming from an older one would make the trainer save the waiting ones again,
+    over the files their snapshots share. A committed one no longer on disk is restored
+    from the store first.
+    """
+    for entry in reversed(await journal.entries("committed", "ready")):
+        path = output_dir / entry.tag
+        seen = await asyncio.to_thread(observe, path, config.markers)
+        if seen is not None and seen.marked:
+            return path
+        if entry.state == "committed":
+            log.info("restore_starting", tag=entry.tag, step=entry.step,
+                     reason="resume point missing")
+            await asyncio.to_thread(shutil.rmtree, path, True)
+            await restore(storage, await find(storage, entry.tag), output_dir)
+            return path
+    return None

@@ -3,7 +3,14 @@
 Linking takes milliseconds and keeps the data alive even when the trainer's own rotation
 (``save_total_limit``) deletes the original while it is being stored. The snapshot is built
 in ``<tag>.tmp`` and renamed into place, so a staged snapshot is always a whole one.
-Symlinks are never followed out of the checkpoint.
+Symlinks are never followed out of the checkpoint, and only regular files are stored (a
+FIFO or socket left in a checkpoint would block or fail its reading).
+
+A link shares its file with the trainer: a trainer that saves the same checkpoint again
+(torch.save and safetensors truncate and rewrite in place) changes the snapshot too. Each
+file's size and mtime are kept when it is snapshot, and ``rewritten`` compares them before
+a manifest is written, so such a checkpoint is snapshot again rather than committed with
+files of two saves, or with hashes of bytes that are no longer its size.
 """
 
 from __future__ import annotations
@@ -11,12 +18,13 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from traind.checkpoints.completion import EXPLICIT_MARKER, Observation, Signature
+from traind.checkpoints.journal import StagedFile, StoredFile
 from traind.errors import TraindError
-from traind.storage.base import LocalFile
 from traind.storage.keys import check_relpath
 
 
@@ -24,14 +32,27 @@ class SourceVanishedError(TraindError):
     """The checkpoint directory disappeared while it was being snapshot."""
 
 
+class RewrittenError(TraindError):
+    """Files of a snapshot changed after it was taken: the checkpoint was saved again."""
+
+    def __init__(self, tag: str, paths: list[str]) -> None:
+        super().__init__(
+            f"{tag}: {', '.join(paths)} changed after the snapshot was taken (the checkpoint "
+            "was written again); it is not committed"
+        )
+        self.tag = tag
+        self.paths = paths
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """A staged checkpoint: its files, what could not simply be linked, and the newest
-    mtime among them (to measure detection latency)."""
+    """A staged checkpoint: its files, how many could not simply be linked, what was left
+    out (symlinks leading outside, FIFOs, sockets, devices), and the newest mtime among
+    them (to measure detection latency)."""
 
-    files: tuple[LocalFile, ...]
+    files: tuple[StagedFile, ...]
     copied: int
-    skipped_symlinks: tuple[str, ...]
+    skipped: tuple[str, ...]
     newest_mtime: float
 
     @property
@@ -44,7 +65,8 @@ def walk(root: Path) -> list[tuple[str, Path]]:
     """Every regular file under ``root`` as (relative posix path, path to read).
 
     A symlink is included (as the file it points to) only when it resolves to a regular
-    file inside ``root``; others are reported with a path of ``None``-like empty Path.
+    file inside ``root``; other symlinks and anything not a regular file (FIFO, socket,
+    device) are reported with an empty ``Path()`` to read.
     """
     found: list[tuple[str, Path]] = []
     real_root = root.resolve()
@@ -59,8 +81,10 @@ def walk(root: Path) -> list[tuple[str, Path]]:
                 target = path.resolve()
                 inside = target.is_relative_to(real_root) and target.is_file()
                 found.append((rel, target if inside else Path()))
-            else:
+            elif stat.S_ISREG(path.lstat().st_mode):
                 found.append((rel, path))
+            else:
+                found.append((rel, Path()))
     return found
 
 
@@ -85,7 +109,7 @@ def take(src: Path, dest: Path) -> Snapshot:
     """Snapshot ``src`` into ``dest`` (replacing an older snapshot there)."""
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    files: list[LocalFile] = []
+    files: list[StagedFile] = []
     newest = 0.0
     copied = 0
     skipped: list[str] = []
@@ -104,7 +128,7 @@ def take(src: Path, dest: Path) -> Snapshot:
                 copied += 1
             st = target.stat()
             newest = max(newest, st.st_mtime)
-            files.append(LocalFile(rel, st.st_size))
+            files.append(StagedFile(rel, st.st_size, st.st_mtime_ns))
     except FileNotFoundError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise SourceVanishedError(f"{src} vanished while being snapshot: {exc}") from exc
@@ -114,6 +138,23 @@ def take(src: Path, dest: Path) -> Snapshot:
     shutil.rmtree(dest, ignore_errors=True)
     os.rename(tmp, dest)
     return Snapshot(tuple(files), copied, tuple(skipped), newest)
+
+
+def rewritten(root: Path, files: list[StoredFile]) -> list[str]:
+    """The files of the snapshot in ``root`` whose size or mtime is no longer what it was
+    when snapshot (or that are gone); files journalled without an mtime are not checked."""
+    changed = []
+    for f in files:
+        if f.mtime_ns is None:
+            continue
+        try:
+            st = os.stat(root / f.path)
+        except FileNotFoundError:
+            changed.append(f.path)
+            continue
+        if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
+            changed.append(f.path)
+    return changed
 
 
 def _link_or_copy(src: Path, dst: Path) -> bool:

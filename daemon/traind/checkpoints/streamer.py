@@ -17,7 +17,7 @@ import structlog
 
 from traind.backoff import doubling
 from traind.checkpoints import snapshot
-from traind.checkpoints.journal import Journal, JournalSession
+from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts
 from traind.checkpoints.watcher import StageResult
 from traind.errors import StorageError, TraindError
@@ -27,6 +27,7 @@ from traind.storage.base import LocalFile, Storage
 log = structlog.get_logger("traind.streamer")
 
 OnCommit = Callable[[Manifest], Awaitable[None]]
+OnRewritten = Callable[[str], None]
 
 
 class Streamer:
@@ -53,6 +54,9 @@ class Streamer:
         self._stage_errors: dict[str, str] = {}
         self._retry = (retry_initial, retry_max)
         self.current: tuple[str, Progress] | None = None
+        self.on_rewritten: OnRewritten | None = None
+        """Told the tag of a checkpoint written again after it was complete (the watcher
+        looks at it anew)."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._commit_lock = asyncio.Lock()
@@ -93,8 +97,10 @@ class Streamer:
         )
         if snap.copied:
             log.warning("hardlink_impossible_copied", tag=tag, files=snap.copied)
-        if snap.skipped_symlinks:
-            log.warning("symlinks_skipped", tag=tag, paths=list(snap.skipped_symlinks))
+        if snap.skipped:
+            log.warning("files_skipped", tag=tag, paths=list(snap.skipped),
+                        reason="only regular files, and symlinks to them inside the "
+                               "checkpoint, are stored")
         return StageResult.STAGED
 
     async def complete(self, tag: str, step: int) -> None:
@@ -117,6 +123,8 @@ class Streamer:
             try:
                 await self.commit(tag)
                 self._failures.pop(tag, None)
+            except snapshot.RewrittenError as exc:
+                await self._rewritten(exc)
             except (StorageError, OSError) as exc:
                 self._retry_later(tag, exc)
             finally:
@@ -134,6 +142,20 @@ class Streamer:
         delay = doubling(n - 1, initial, cap)
         log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
         asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
+
+    async def _rewritten(self, exc: snapshot.RewrittenError) -> None:
+        """Drop a snapshot the trainer wrote over; the checkpoint is snapshot again once it
+        is complete again (the journal's ``staged`` state survives a restart too)."""
+        self._failures.pop(exc.tag, None)
+        log.error(
+            "checkpoint_rewritten", tag=exc.tag, paths=exc.paths,
+            hint="the trainer saved this checkpoint again after it was complete; it is "
+                 "snapshot and stored anew once complete, if it is still in output_dir",
+        )
+        await self._journal.set_state(exc.tag, "staged")
+        await asyncio.to_thread(shutil.rmtree, self.staging / exc.tag, True)
+        if self.on_rewritten is not None:
+            self.on_rewritten(exc.tag)
 
     async def replace_storage(self, new: Storage) -> Storage:
         """Send everything from now on to ``new``; return the old backend.
@@ -159,6 +181,7 @@ class Streamer:
         started = time.monotonic()
         await self._journal.begin_upload(tag, self.storage.describe)
         stored = await self._journal.files(tag)
+        await _unchanged(tag, root, stored)
         pending = [LocalFile(f.path, f.size) for f in stored if f.sha256 is None]
         shown_by_caller = progress is not None
         progress = progress or Progress(sum(f.size for f in pending))
@@ -175,6 +198,7 @@ class Streamer:
         missing = [f.path for f in stored if f.sha256 is None]
         if missing:
             raise StorageError(f"{tag}: backend did not store {', '.join(missing)}")
+        await _unchanged(tag, root, stored)  # nothing was written over while it was read
         manifest = Manifest(
             run=self._run,
             tag=tag,
@@ -195,6 +219,13 @@ class Streamer:
         if self._on_commit is not None:
             await self._on_commit(manifest)
         return manifest
+
+
+async def _unchanged(tag: str, root: Path, stored: list[StoredFile]) -> None:
+    """Raise RewrittenError when files of the snapshot in ``root`` changed since taken."""
+    changed = await asyncio.to_thread(snapshot.rewritten, root, stored)
+    if changed:
+        raise snapshot.RewrittenError(tag, changed)
 
 
 def _ack(acks: Path, tag: str) -> None:

@@ -92,6 +92,10 @@ class Watcher:
         """How many candidates are snapshot but not yet complete."""
         return len(self._tracked)
 
+    def reopen(self, tag: str) -> None:
+        """Look at ``tag`` again, as if never seen: its snapshot was found rewritten."""
+        self._done.discard(tag)
+
     async def run(self) -> None:
         """Scan on every wake-up until cancelled."""
         self._dir.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -137,6 +139,46 @@ def test_retention_prunes_store_and_output_dir(tmp_path: Path) -> None:
         daemon.kill()
     assert sorted(stored(store, "exp")) == ["checkpoint-3", "checkpoint-4"]
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-4"]
+
+
+def test_local_retention_spares_the_trainers_resume_point(tmp_path: Path) -> None:
+    """With keep_local = 1, the checkpoint the trainer resumed from stays on disk while the
+    trainer runs (it may still be loading it), though newer ones are committed."""
+    out, _, cfg = setup(tmp_path)
+    cfg.write_text(cfg.read_text().replace("keep_local = 100", "keep_local = 1"))
+    daemon = DaemonProcess(cfg)  # a first daemon, without a trainer, commits -1 and -2
+    try:
+        write_checkpoint(out, 1)
+        daemon.wait_for("checkpoint_committed", timeout=30)
+        write_checkpoint(out, 2)
+        daemon.wait_for(lambda e: e.get("event") == "checkpoint_committed"
+                        and e["tag"] == "checkpoint-2", timeout=30)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    script = (
+        "import os, sys, time\n"
+        "for step in (3, 4):\n"
+        f"    d = os.path.join({str(out)!r}, f'checkpoint-{{step}}'); os.makedirs(d)\n"
+        "    open(os.path.join(d, 'w.bin'), 'wb').write(os.urandom(1000))\n"
+        "    open(os.path.join(d, 'trainer_state.json'), 'w').write('{}')\n"
+        "    time.sleep(0.3)\n"
+        "print('resumed from', sys.argv[1], flush=True); time.sleep(600)\n"
+    )
+    argv = [sys.executable, "-c", script, "{resume_from}"]
+    cfg.write_text(cfg.read_text() + f"[trainer]\ncommand = {json.dumps(argv)}\n")
+    daemon = DaemonProcess(cfg)
+    try:
+        line = daemon.wait_for(lambda e: "resumed from" in str(e.get("line", "")), timeout=30)
+        daemon.wait_for(lambda e: e.get("event") == "checkpoint_pruned"
+                        and e["tag"] == "checkpoint-3", timeout=60)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert line["line"] == f"resumed from {out / 'checkpoint-2'}"
+    pruned = {e["tag"] for e in daemon.named("checkpoint_pruned") if e["where"] == "local"}
+    assert pruned <= {"checkpoint-1", "checkpoint-3"}  # -1 perhaps under the first daemon
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_sigterm_and_sigint_exit_zero_promptly(tmp_path: Path) -> None:

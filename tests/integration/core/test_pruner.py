@@ -1,0 +1,39 @@
+"""Local retention deletes only directories the journal says were stored from output_dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.checkpoints import write_checkpoint
+
+from traind.checkpoints import pruner
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.manifest import Manifest
+from traind.config import RetentionConfig
+from traind.storage.memory import MemoryBackend
+
+
+async def test_a_directory_sharing_a_committed_tag_is_not_deleted(tmp_path: Path) -> None:
+    """checkpoint-5 is committed, but from another directory: the one in output_dir of the
+    same name (another run's, say) stays; checkpoint-6, stored from here, goes."""
+    out = tmp_path / "out"
+    store = MemoryBackend()
+    journal = Journal.in_state_dir(tmp_path / "state")
+    try:
+        for step, source in [(5, tmp_path / "elsewhere"), (6, out)]:
+            tag = f"checkpoint-{step}"
+            await journal.record_committed(tag, step, source / tag, store.describe)
+            await store.commit(Manifest(run="r", tag=tag, step=step, files=()))
+        for step in (5, 6, 7):
+            write_checkpoint(out, step)
+        plan = await pruner.prune(
+            store, journal, RetentionConfig(keep_local=1), out, "checkpoint-*"
+        )
+    finally:
+        journal.close()
+    assert {v.tag: (v.keep, v.reason) for v in plan.local} == {
+        "checkpoint-7": (True, "among the last 1 on disk"),
+        "checkpoint-6": (False, "committed, older than the last 1"),
+        "checkpoint-5": (True, "not committed yet"),
+    }
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-5", "checkpoint-7"]

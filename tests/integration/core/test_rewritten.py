@@ -1,0 +1,147 @@
+"""A checkpoint the trainer saves again after it was complete (a trainer resumed from an
+older one re-saves the steps after it; torch.save and safetensors write in place) shares its
+files with the snapshot's hard links. It must never be committed with files of two saves or
+with hashes of bytes other than those it was snapshot with: the daemon notices, snapshots
+it again, and commits what the trainer wrote last."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+from tests.support.checkpoints import write_checkpoint
+
+from traind.app import Daemon
+from traind.checkpoints import snapshot
+from traind.checkpoints.journal import Journal, State
+from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.recovery import resume_point
+from traind.checkpoints.streamer import Streamer
+from traind.config import Settings, validate
+from traind.storage.base import LocalFile, UploadSession
+from traind.storage.memory import MemoryBackend
+
+
+class GatedStore(MemoryBackend):
+    """A memory store whose uploads wait for ``gate``; ``started`` is set by the first,
+    ``committed`` by every commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+        self.committed = asyncio.Event()
+
+    async def commit(self, manifest: Manifest) -> None:
+        await super().commit(manifest)
+        self.committed.set()
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        self.started.set()
+        await self.gate.wait()
+        await super().upload(tag, root, files, session)
+
+
+def settings(tmp_path: Path) -> Settings:
+    return validate({
+        "run": {"name": "r", "output_dir": str(tmp_path / "out"),
+                "state_dir": str(tmp_path / "state")},
+        "storage": {"type": "local", "path": str(tmp_path / "unused")},
+        "checkpoints": {"settle": "0.3s", "poll_interval": "0.1s"},
+        "retention": {"keep_local": None},
+        "status": {"enabled": False},
+    })
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[GatedStore]:
+    """A running daemon's store."""
+    store = GatedStore()
+    d = Daemon(settings(tmp_path), storage=store)
+    stop = asyncio.Event()
+    task = asyncio.create_task(d.run(stop))
+    try:
+        yield store
+    finally:
+        stop.set()
+        store.gate.set()
+        async with asyncio.timeout(20):
+            await task
+
+
+def rewrite(path: Path, data: bytes) -> str:
+    """Write ``data`` over ``path`` in place (same inode, as torch.save does); its sha256."""
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+async def test_rewritten_checkpoint_is_snapshot_again_and_committed_as_last_saved(
+    tmp_path: Path, store: GatedStore
+) -> None:
+    """Rewritten while its upload waits: not committed as it was, but as saved last."""
+    first = write_checkpoint(tmp_path / "out", 1)
+    async with asyncio.timeout(20):
+        await store.started.wait()  # complete, snapshot, and its upload under way
+    await asyncio.sleep(0.05)  # a later mtime, as a save seconds later would have
+    shard = tmp_path / "out" / "checkpoint-1" / "shard-0.bin"
+    second = dict(first, **{"shard-0.bin": rewrite(shard, os.urandom(70_000))})
+    store.gate.set()
+    async with asyncio.timeout(20):
+        await store.committed.wait()
+    committed = store.manifest_by_tag["checkpoint-1"]
+    assert {f.path: f.sha256 for f in committed.files} == second
+    assert {f.path: f.size for f in committed.files}["shard-0.bin"] == 70_000
+    assert store.objects["checkpoint-1/shard-0.bin"] == shard.read_bytes()
+
+
+async def test_push_of_a_checkpoint_rewritten_mid_upload_fails(tmp_path: Path) -> None:
+    """Without a watcher to look again (``traind push``), the commit fails, naming the file."""
+    store = GatedStore()
+    journal = Journal.in_state_dir(tmp_path / "state")
+    streamer = Streamer("r", tmp_path / "state", store, journal)
+    write_checkpoint(tmp_path / "out", 2)
+    source = tmp_path / "out" / "checkpoint-2"
+    try:
+        await streamer.stage("checkpoint-2", 2, source)
+        await journal.set_state("checkpoint-2", "ready")
+        committing = asyncio.create_task(streamer.commit("checkpoint-2"))
+        async with asyncio.timeout(10):
+            await store.started.wait()
+        await asyncio.sleep(0.05)
+        rewrite(source / "shard-1.bin", b"x" * 10)
+        store.gate.set()
+        with pytest.raises(snapshot.RewrittenError, match=r"shard-1\.bin"):
+            async with asyncio.timeout(10):
+                await committing
+    finally:
+        journal.close()
+    assert store.manifest_by_tag == {}
+
+
+async def test_trainer_resumes_from_newest_complete_checkpoint_not_yet_stored(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint complete on disk and waiting for its upload is the resume point, so the
+    trainer does not save it again over its snapshot; one missing locally is skipped."""
+    s = settings(tmp_path)
+    out = s.run.output_dir
+    journal = Journal.in_state_dir(tmp_path / "state")
+    store = MemoryBackend()
+    try:
+        states: list[tuple[int, State]] = [(1, "committed"), (2, "ready"), (3, "ready")]
+        for step, state in states:
+            write_checkpoint(out, step)
+            await journal.staged(f"checkpoint-{step}", step, out / f"checkpoint-{step}", [])
+            await journal.set_state(f"checkpoint-{step}", state)
+        (out / "checkpoint-3" / "trainer_state.json").unlink()  # never finished on disk
+        assert await resume_point(store, journal, out, s.checkpoints) == out / "checkpoint-2"
+    finally:
+        journal.close()
