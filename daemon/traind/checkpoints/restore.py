@@ -1,11 +1,16 @@
 """Restore: download into a temporary directory beside the destination, verify, rename.
 
-A checkpoint that fails verification is an error and is never renamed into place.
+A checkpoint that fails verification is an error and is never renamed into place. The
+temporary directory holds a lock (``flock`` on the directory) while its restore runs, so
+one left behind by a restore that was killed (its files are preallocated to full size) is
+told apart from one in progress, and removed by the next restore into the same directory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import shutil
 import time
@@ -49,8 +54,11 @@ async def restore(
     if dest.exists():
         raise StorageError(f"{dest} already exists; refusing to overwrite it")
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{manifest.tag}.traind-restore-{uuid.uuid4().hex[:8]}"
+    for path in await asyncio.to_thread(_remove_abandoned, parent):
+        log.info("restore_leftover_removed", path=str(path))
+    tmp = parent / f".{manifest.tag}{_TMP}{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    lock = await asyncio.to_thread(_lock, tmp)
     progress = progress or Progress(manifest.total_bytes)
     started = time.monotonic()
     try:
@@ -63,6 +71,9 @@ async def restore(
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, tmp, True)
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
     seconds = time.monotonic() - started
     log.info(
         "checkpoint_restored", tag=manifest.tag, step=manifest.step, files=len(manifest.files),
@@ -71,6 +82,41 @@ async def restore(
         backend=storage.describe, dest=str(dest),
     )
     return dest
+
+
+_TMP = ".traind-restore-"
+"""Marks a restore's temporary directory: ``.<tag>.traind-restore-<random>``."""
+
+
+def _lock(directory: Path) -> int | None:
+    """Hold an exclusive lock on ``directory`` (its descriptor, to close when done); None
+    where the filesystem has no locks (such a leftover is then never removed)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_abandoned(parent: Path) -> list[Path]:
+    """Remove the temporary directories in ``parent`` of restores that are not running
+    (killed before they could clean up); return them."""
+    removed = []
+    for entry in parent.iterdir():
+        if not (entry.name.startswith(".") and _TMP in entry.name) or entry.is_symlink():
+            continue
+        with contextlib.suppress(OSError):
+            fd = _lock(entry)
+            if fd is None:
+                continue  # a restore in progress, or nothing to tell by
+            try:
+                shutil.rmtree(entry)
+            finally:
+                os.close(fd)
+            removed.append(entry)
+    return removed
 
 
 def _sizes(root: Path, paths: list[str]) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 from pathlib import Path
@@ -86,6 +87,30 @@ async def test_restore_does_not_overwrite(tmp_path: Path) -> None:
     (tmp_path / "restored/checkpoint-4").mkdir(parents=True)
     with pytest.raises(StorageError, match="already exists"):
         await restore(backend, (await backend.manifests())[0], tmp_path / "restored")
+
+
+async def test_restore_removes_what_killed_restores_left(tmp_path: Path) -> None:
+    """A killed restore leaves its full-size temporary directory behind: the next restore
+    into the same directory removes it, but not that of a restore still running."""
+    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    await backend.commit(await upload(backend, tmp_path, "checkpoint-4"))
+    parent = tmp_path / "restored"
+    dead = parent / ".checkpoint-3.traind-restore-dead0000"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "model.safetensors").write_bytes(b"\0" * 100_000)
+    running = parent / ".checkpoint-4.traind-restore-busy0000"
+    running.mkdir()
+    unrelated = parent / ".checkpoint-4.keep"
+    unrelated.mkdir()
+    fd = os.open(running, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as the running restore holds it
+        await restore(backend, (await backend.manifests())[0], parent)
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in parent.iterdir()) == sorted(
+        [running.name, unrelated.name, "checkpoint-4"]
+    )
 
 
 async def test_missing_tag(tmp_path: Path) -> None:
