@@ -137,3 +137,20 @@ def test_prune_dry_run_then_prune(cfg: Path, tmp_path: Path) -> None:
     assert traind("prune", "-c", str(cfg)).returncode == 0
     tags = [r["tag"] for r in json.loads(traind("list", "-c", str(cfg), "--json").stdout)]
     assert tags == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_push_never_replaces_a_committed_checkpoint(cfg: Path, tmp_path: Path) -> None:
+    """A second push under a committed tag is refused; the committed bytes stay intact."""
+    first = make_ckpt(tmp_path / "one", 5)
+    assert traind("push", "-c", str(cfg), str(first)).returncode == 0
+    again = traind("push", "-c", str(cfg), str(make_ckpt(tmp_path / "two", 5)))
+    assert again.returncode == 1
+    assert "checkpoint-5 is already committed" in again.stderr
+    assert "--tag" in again.stderr
+    pulled = traind("pull", "-c", str(cfg), "checkpoint-5", str(tmp_path / "back"))
+    assert pulled.returncode == 0, pulled.stderr
+    restored = tmp_path / "back/checkpoint-5/model.safetensors"
+    assert restored.read_bytes() == (first / "model.safetensors").read_bytes()
+    second = tmp_path / "two/checkpoint-5"
+    other = traind("push", "-c", str(cfg), "--tag", "checkpoint-6", str(second))
+    assert other.returncode == 0, other.stderr

@@ -31,6 +31,11 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
     storage = open_storage(settings.storage, settings.run.name)
     journal = Journal.in_state_dir(state_dir)
     try:
+        if any(m.tag == tag for m in await storage.manifests()):
+            raise TraindError(
+                f"{tag} is already committed in {storage.describe}; a push never replaces a "
+                "committed checkpoint: pass --tag to commit this one under another name"
+            )
         streamer = Streamer(settings.run.name, state_dir, storage, journal)
         if await streamer.stage(tag, step, source) is not StageResult.STAGED:
             raise TraindError(f"{source} could not be snapshot (see the log)")
