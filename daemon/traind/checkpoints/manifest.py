@@ -10,10 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from traind.errors import IntegrityError
 from traind.storage.keys import check_relpath, check_tag
 
 FORMAT_VERSION = 1
+log = structlog.get_logger("traind.manifest")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,18 @@ class Manifest:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"malformed manifest: {exc}") from exc
+
+
+def listed(data: bytes | str, where: str) -> Manifest | None:
+    """The manifest a listing found at ``where``, or None when it is malformed: that is
+    logged as an error naming it, and the checkpoint is left out (so never pruned), as one
+    damaged object must not hide every other checkpoint from list, pull, prune and restore."""
+    try:
+        return Manifest.from_json(data)
+    except IntegrityError as exc:
+        log.error("manifest_unreadable", where=where, error=str(exc),
+                  hint="this checkpoint is not listed; repair or delete its manifest")
+        return None
 
 
 def trainer_facts(state: Mapping[str, Any]) -> TrainerFacts:

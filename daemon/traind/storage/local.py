@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.manifest import Manifest, listed
 from traind.config import LocalStorage
 from traind.errors import IntegrityError, StorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
@@ -66,8 +66,8 @@ class LocalBackend:
         found = []
         for entry in sorted(self._root.iterdir()):
             path = entry / MANIFEST_NAME
-            if path.is_file():
-                found.append(Manifest.from_json(path.read_bytes()))
+            if path.is_file() and (manifest := listed(path.read_bytes(), str(path))):
+                found.append(manifest)
         return found
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.manifest import Manifest, listed
 from traind.config import S3Storage
 from traind.errors import StorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
@@ -150,7 +150,7 @@ class S3Backend:
             if error_code(exc.__cause__ or exc) in {"NoSuchKey", "404", "NotFound"}:
                 return None  # an interrupted upload: not a checkpoint
             raise
-        return Manifest.from_json(data)
+        return listed(data, f"s3://{self._config.bucket}/{key}")
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         ops = await self._client()

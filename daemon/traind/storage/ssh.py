@@ -22,7 +22,7 @@ from pathlib import Path
 import asyncssh
 import structlog
 
-from traind.checkpoints.manifest import FileEntry, Manifest
+from traind.checkpoints.manifest import FileEntry, Manifest, listed
 from traind.config import SSHStorage
 from traind.storage import ssh_rsync
 from traind.storage.base import Advance, LocalFile, UploadSession
@@ -125,18 +125,20 @@ class SSHBackend:
 
     async def manifests(self) -> list[Manifest]:
         """Every committed checkpoint of the run (directories without a manifest are not)."""
-        async def op(sftp: asyncssh.SFTPClient) -> list[bytes | None]:
+        async def op(sftp: asyncssh.SFTPClient) -> list[tuple[str, bytes | None]]:
             try:
                 names = await sftp.listdir(self._root)
             except asyncssh.SFTPNoSuchFile:
                 return []
-            tags = sorted(n for n in names if n not in {".", ".."})
-            return await asyncio.gather(
-                *(read_bytes(sftp, posixpath.join(self._root, t, MANIFEST_NAME)) for t in tags)
-            )
+            paths = [posixpath.join(self._root, n, MANIFEST_NAME)
+                     for n in sorted(names) if n not in {".", ".."}]
+            return list(zip(paths, await asyncio.gather(*(read_bytes(sftp, p) for p in paths)),
+                            strict=True))
 
         found = await self._link.call(f"list {self._root}", op)
-        return [Manifest.from_json(data) for data in found if data is not None]
+        host = self._link.target.host
+        manifests = (listed(data, f"{host}:{path}") for path, data in found if data is not None)
+        return [m for m in manifests if m is not None]
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         """Fetch every file of ``manifest`` under ``dest``; return path -> sha256 as written."""

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.manifest import FileEntry, Manifest
@@ -15,6 +16,7 @@ from traind.checkpoints.restore import find, restore
 from traind.config import LocalStorage
 from traind.errors import IntegrityError, NotFoundError, StorageError
 from traind.storage.base import LocalFile
+from traind.storage.keys import MANIFEST_NAME
 from traind.storage.local import LocalBackend
 
 
@@ -111,6 +113,19 @@ async def test_restore_removes_what_killed_restores_left(tmp_path: Path) -> None
     assert sorted(p.name for p in parent.iterdir()) == sorted(
         [running.name, unrelated.name, "checkpoint-4"]
     )
+
+
+async def test_a_malformed_manifest_is_left_out_and_named(tmp_path: Path) -> None:
+    """One damaged manifest does not hide the other checkpoints; the error names its path."""
+    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    await backend.commit(await upload(backend, tmp_path, "checkpoint-4"))
+    broken = tmp_path / "store/run/checkpoint-3" / MANIFEST_NAME
+    broken.parent.mkdir()
+    broken.write_bytes(b"\xff\xfe not json")
+    with capture_logs() as logs:
+        assert [m.tag for m in await backend.manifests()] == ["checkpoint-4"]
+    [error] = [e for e in logs if e["event"] == "manifest_unreadable"]
+    assert error["where"] == str(broken)
 
 
 async def test_missing_tag(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from structlog.testing import capture_logs
 from tests.integration.s3.conftest import (
     MIB,
     RecordingSession,
@@ -147,6 +148,29 @@ async def test_listing_pages_and_deleting_in_batches(
     assert calls[0] == ("delete_object", "ckpts/run1/checkpoint-3/" + MANIFEST_NAME, 0)
     assert [n for op, _, n in calls if op == "delete_objects"] == [2, 1]
     assert keys_under(s3_server, bucket, "ckpts/run1/checkpoint-3/") == []
+
+
+async def test_a_malformed_manifest_is_left_out_and_named(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+) -> None:
+    """One damaged manifest does not hide the other checkpoints; the error names its key."""
+    backend = backends(s3_config(s3_server, bucket))
+    root = tmp_path / "checkpoint-1"
+    files = make_checkpoint(root, {"a.bin": 1000})
+    session = RecordingSession()
+    client = s3_server.client()
+    try:
+        client.put_object(Bucket=bucket, Key=f"ckpts/run1/checkpoint-2/{MANIFEST_NAME}",
+                          Body=b"{truncated")
+    finally:
+        client.close()
+    with capture_logs() as logs:
+        async with asyncio.timeout(30):
+            await backend.upload("checkpoint-1", root, files, session)
+            await backend.commit(manifest_of("checkpoint-1", root, session.done))
+            assert [m.tag for m in await backend.manifests()] == ["checkpoint-1"]
+    [error] = [e for e in logs if e["event"] == "manifest_unreadable"]
+    assert error["where"] == f"s3://{bucket}/ckpts/run1/checkpoint-2/{MANIFEST_NAME}"
 
 
 async def test_when_required_sends_no_checksums(

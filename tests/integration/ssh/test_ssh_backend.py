@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 from tests.support.sshd import SSHServer
 
 from traind.checkpoints.manifest import Manifest, verify
@@ -83,6 +84,25 @@ async def test_uncommitted_upload_is_not_listed(
         session = JournalSession(journal, "checkpoint-1", lambda n: None)
         await backend.upload("checkpoint-1", root, files, session)
         assert await backend.manifests() == []
+
+
+async def test_a_malformed_manifest_is_left_out_and_named(
+    sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint, store: Store,
+    remote: Path,
+) -> None:
+    """One damaged manifest does not hide the other checkpoints; the error names its path."""
+    backend = make_backend(sshd)
+    root, files = checkpoint("checkpoint-2", {"weights.bin": b"w" * 1000})
+    broken = remote / "store" / "run1" / "checkpoint-1" / MANIFEST_NAME
+    with capture_logs() as logs:
+        async with asyncio.timeout(20):
+            await store(backend, "checkpoint-2", root, files)
+            broken.parent.mkdir(parents=True)
+            broken.write_text('{"version": 1}')
+            assert [m.tag for m in await backend.manifests()] == ["checkpoint-2"]
+    [error] = [e for e in logs if e["event"] == "manifest_unreadable"]
+    assert error["where"].endswith(f"store/run1/checkpoint-1/{MANIFEST_NAME}")
+    assert error["where"].startswith("127.0.0.1:")
 
 
 async def test_corrupted_remote_file_fails_verification(
