@@ -10,7 +10,12 @@ import pytest
 from tests.support.requires import missing
 
 from traind.checkpoints.completion import EXPLICIT_MARKER
-from traind.checkpoints.snapshot import SourceVanishedError, observe, take
+from traind.checkpoints.snapshot import (
+    EmptyCheckpointError,
+    SourceVanishedError,
+    observe,
+    take,
+)
 from traind.errors import UnsafePathError
 
 
@@ -97,10 +102,20 @@ def test_unsafe_file_name_rejects_the_snapshot(tmp_path: Path) -> None:
     """A file whose name cannot be a storage key fails the snapshot and leaves nothing."""
     src = checkpoint(tmp_path)
     (src / "bad name.bin").write_bytes(b"x")
-    with pytest.raises(UnsafePathError):
+    with pytest.raises(UnsafePathError, match=r"^unsafe file name 'bad name\.bin': allowed"):
         take(src, tmp_path / "staging/checkpoint-3")
     assert not (tmp_path / "staging/checkpoint-3").exists()
     assert not (tmp_path / "staging/checkpoint-3.tmp").exists()
+
+
+def test_a_checkpoint_without_files_is_refused(tmp_path: Path) -> None:
+    """Nothing to store (only traind's own marker) is said as such."""
+    src = tmp_path / "checkpoint-4"
+    src.mkdir()
+    (src / EXPLICIT_MARKER).write_text("{}")
+    with pytest.raises(EmptyCheckpointError, match="holds no file to store"):
+        take(src, tmp_path / "staging/checkpoint-4")
+    assert not (tmp_path / "staging").exists()
 
 
 def test_vanished_source(tmp_path: Path) -> None:

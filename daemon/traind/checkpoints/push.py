@@ -38,7 +38,7 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
             )
         streamer = Streamer(settings.run.name, state_dir, storage, journal)
         if await streamer.stage(tag, step, source) is not StageResult.STAGED:
-            raise TraindError(f"{source} could not be snapshot (see the log)")
+            raise TraindError(f"{source} could not be snapshot: {streamer.stage_errors[tag]}")
         await journal.set_state(tag, "ready")
         files = await journal.files(tag)
         total = sum(f.size for f in files)

@@ -32,6 +32,10 @@ class SourceVanishedError(TraindError):
     """The checkpoint directory disappeared while it was being snapshot."""
 
 
+class EmptyCheckpointError(TraindError):
+    """The checkpoint directory holds no regular file (nothing to store)."""
+
+
 class RewrittenError(TraindError):
     """Files of a snapshot changed after it was taken: the checkpoint was saved again."""
 
@@ -135,6 +139,8 @@ def take(src: Path, dest: Path) -> Snapshot:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if not files:
+        raise EmptyCheckpointError(f"{src} holds no file to store")
     shutil.rmtree(dest, ignore_errors=True)
     os.rename(tmp, dest)
     return Snapshot(tuple(files), copied, tuple(skipped), newest)

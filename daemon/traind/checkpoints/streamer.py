@@ -51,7 +51,8 @@ class Streamer:
         self._on_commit = on_commit
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._failures: dict[str, int] = {}
-        self._stage_errors: dict[str, str] = {}
+        self.stage_errors: dict[str, str] = {}
+        """Why the last attempt to snapshot a tag failed (until one succeeds)."""
         self._retry = (retry_initial, retry_max)
         self.current: tuple[str, Progress] | None = None
         self.on_rewritten: OnRewritten | None = None
@@ -76,17 +77,19 @@ class Streamer:
             snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag)
         except snapshot.SourceVanishedError as exc:
             log.warning("checkpoint_vanished", tag=tag, step=step, error=str(exc))
+            self.stage_errors[tag] = str(exc)
             return StageResult.GONE
         except TraindError as exc:
             log.error("checkpoint_unusable", tag=tag, step=step, error=str(exc))
+            self.stage_errors[tag] = str(exc)
             return StageResult.GONE
         except OSError as exc:  # disk full, permissions: the next scan tries again
-            if self._stage_errors.get(tag) != str(exc):
+            if self.stage_errors.get(tag) != str(exc):
                 log.error("checkpoint_snapshot_failed", tag=tag, step=step, error=str(exc),
                           hint="retrying on every scan; free space in state_dir")
-            self._stage_errors[tag] = str(exc)
+            self.stage_errors[tag] = str(exc)
             return StageResult.RETRY
-        self._stage_errors.pop(tag, None)
+        self.stage_errors.pop(tag, None)
         await self._journal.staged(tag, step, source, snap.files)
         await asyncio.to_thread(_ack, self.acks, tag)
         log.info(

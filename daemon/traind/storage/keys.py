@@ -34,8 +34,9 @@ def check_relpath(rel: str) -> str:
     """Return ``rel`` if it is a safe relative file path inside a checkpoint."""
     if not rel or rel.startswith("/"):
         raise UnsafePathError(f"unsafe relative path {rel!r}: must be relative and non-empty")
-    for part in rel.split("/"):
-        check_component(part, f"path component in {rel!r}")
+    parts = rel.split("/")
+    for part in parts:
+        check_component(part, "file name" if len(parts) == 1 else f"path component of {rel!r}:")
     if rel == MANIFEST_NAME:
         raise UnsafePathError(f"a checkpoint may not contain a file named {MANIFEST_NAME}")
     return rel
