@@ -113,7 +113,8 @@ class Daemon:
             self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
         )
         tracked = await recovery.recover(self.streamer, self.journal, manifests)
-        done = {e.tag for e in await self.journal.entries("ready", "committed", "pruned")}
+        done = {e.tag for e in await self.journal.entries("ready", "committed", "pruning",
+                                                          "pruned")}
         done |= {m.tag for m in manifests}
         if s.trainer or s.vllm or s.services:
             become_subreaper()

@@ -48,7 +48,7 @@ async def plan(
     remote = plan_remote([Candidate(m.tag, m.step) for m in manifests], policy, best)
     here = output_dir.resolve()
     committed = {
-        e.tag for e in await journal.entries("committed", "pruned")
+        e.tag for e in await journal.entries("committed", "pruning", "pruned")
         if e.source.resolve() == here / e.tag
     }
     present = await asyncio.to_thread(candidates, output_dir, pattern)
@@ -56,6 +56,26 @@ async def plan(
         [Candidate(t, s) for t, s in present.items()], committed, policy.keep_local, protected
     )
     return PrunePlan(remote, local)
+
+
+async def delete(storage: Storage, journal: Journal, tag: str) -> None:
+    """Delete ``tag`` from the store. A backend deletes the manifest first, then the files;
+    the journal's ``pruning`` state lets the next prune finish the job after a daemon was
+    killed in between, instead of leaving files without a manifest in the store forever."""
+    known = await journal.get(tag) is not None
+    if known:
+        await journal.set_state(tag, "pruning")
+    await storage.delete(tag)
+    if known:
+        await journal.set_state(tag, "pruned")
+
+
+async def _finish_deletes(storage: Storage, journal: Journal) -> None:
+    """Complete the deletes that a killed daemon left half-done (see ``delete``)."""
+    for entry in await journal.entries("pruning"):
+        await delete(storage, journal, entry.tag)
+        log.info("checkpoint_pruned", where="remote", tag=entry.tag, step=entry.step,
+                 reason="finishing a delete that was interrupted", backend=storage.describe)
 
 
 async def prune(
@@ -66,13 +86,13 @@ async def prune(
     pattern: str,
     protected: Collection[str] = (),
 ) -> PrunePlan:
-    """Delete what the plan lets go; return the plan that was applied."""
+    """Finish interrupted deletes, then delete what the plan lets go; return the plan
+    that was applied."""
+    await _finish_deletes(storage, journal)
     result = await plan(storage, journal, policy, output_dir, pattern, protected)
     for v in result.remote:
         if not v.keep:
-            await storage.delete(v.tag)
-            if await journal.get(v.tag) is not None:
-                await journal.set_state(v.tag, "pruned")
+            await delete(storage, journal, v.tag)
             log.info("checkpoint_pruned", where="remote", tag=v.tag, step=v.step, reason=v.reason,
                      backend=storage.describe)
     for v in result.local:

@@ -37,3 +37,21 @@ async def test_a_directory_sharing_a_committed_tag_is_not_deleted(tmp_path: Path
         "checkpoint-5": (True, "not committed yet"),
     }
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-5", "checkpoint-7"]
+
+
+async def test_a_delete_cut_short_is_finished_by_the_next_prune(tmp_path: Path) -> None:
+    """A daemon killed between deleting a manifest and its files left them in the store
+    (journal state ``pruning``): the next prune removes them and records ``pruned``."""
+    store = MemoryBackend()
+    store.objects["checkpoint-2/model.bin"] = b"orphaned"
+    journal = Journal.in_state_dir(tmp_path / "state")
+    try:
+        await journal.record_committed("checkpoint-2", 2, tmp_path / "out/checkpoint-2", "m")
+        await journal.set_state("checkpoint-2", "pruning")
+        await pruner.prune(store, journal, RetentionConfig(), tmp_path / "out", "checkpoint-*")
+        entry = await journal.get("checkpoint-2")
+    finally:
+        journal.close()
+    assert store.objects == {}
+    assert entry is not None
+    assert entry.state == "pruned"
