@@ -16,7 +16,7 @@ from traind.checkpoints.snapshot import (
     observe,
     take,
 )
-from traind.errors import UnsafePathError
+from traind.errors import TraindError, UnsafePathError
 
 
 def checkpoint(root: Path) -> Path:
@@ -75,6 +75,16 @@ def test_symlinks_inside_kept_outside_skipped(tmp_path: Path) -> None:
     assert not any(p.startswith("dirlink") for p in paths)
     assert set(snap.skipped) == {"leak.txt", "dirlink"}
     assert (tmp_path / "staging/checkpoint-3/alias.bin").read_bytes() == b"m" * 100
+
+
+def test_a_whole_snapshot_refuses_what_it_would_leave_out(tmp_path: Path) -> None:
+    """For ``traind push``: a symlink leading outside fails the snapshot, naming it."""
+    src = checkpoint(tmp_path)
+    (tmp_path / "weights.bin").write_bytes(b"w")
+    (src / "model.safetensors").symlink_to(tmp_path / "weights.bin")
+    with pytest.raises(TraindError, match=r"model\.safetensors would be left out"):
+        take(src, tmp_path / "staging/checkpoint-3", whole=True)
+    assert list((tmp_path / "staging").iterdir()) == []
 
 
 def test_only_regular_files_are_taken(tmp_path: Path) -> None:

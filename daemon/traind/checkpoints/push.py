@@ -37,7 +37,7 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
                 "committed checkpoint: pass --tag to commit this one under another name"
             )
         streamer = Streamer(settings.run.name, state_dir, storage, journal)
-        if await streamer.stage(tag, step, source) is not StageResult.STAGED:
+        if await streamer.stage(tag, step, source, whole=True) is not StageResult.STAGED:
             raise TraindError(f"{source} could not be snapshot: {streamer.stage_errors[tag]}")
         await journal.set_state(tag, "ready")
         files = await journal.files(tag)

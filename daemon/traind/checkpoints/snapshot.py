@@ -109,8 +109,9 @@ def observe(root: Path, markers: tuple[str, ...]) -> Observation | None:
     return Observation(signature, has_marker, explicit)
 
 
-def take(src: Path, dest: Path) -> Snapshot:
-    """Snapshot ``src`` into ``dest`` (replacing an older snapshot there)."""
+def take(src: Path, dest: Path, whole: bool = False) -> Snapshot:
+    """Snapshot ``src`` into ``dest`` (replacing an older snapshot there). With ``whole``,
+    a file that would be left out (see ``walk``) fails the snapshot instead."""
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     files: list[StagedFile] = []
@@ -141,6 +142,12 @@ def take(src: Path, dest: Path) -> Snapshot:
         raise
     if not files:
         raise EmptyCheckpointError(f"{src} holds no file to store")
+    if whole and skipped:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TraindError(
+            f"{src}: {', '.join(skipped)} would be left out: only regular files, and symlinks "
+            "to them inside the checkpoint, are stored; copy the data in, or remove them"
+        )
     shutil.rmtree(dest, ignore_errors=True)
     os.rename(tmp, dest)
     return Snapshot(tuple(files), copied, tuple(skipped), newest)

@@ -69,12 +69,13 @@ class Streamer:
 
     # -- watcher callbacks ----------------------------------------------------------------
 
-    async def stage(self, tag: str, step: int, source: Path) -> StageResult:
-        """Snapshot ``source`` into staging and journal it."""
+    async def stage(self, tag: str, step: int, source: Path, whole: bool = False) -> StageResult:
+        """Snapshot ``source`` into staging and journal it; with ``whole`` (a push by hand),
+        a file that would be left out fails it rather than being reported."""
         started = time.monotonic()
         try:
             await asyncio.to_thread(self.staging.mkdir, parents=True, exist_ok=True)
-            snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag)
+            snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag, whole)
         except snapshot.SourceVanishedError as exc:
             log.warning("checkpoint_vanished", tag=tag, step=step, error=str(exc))
             self.stage_errors[tag] = str(exc)
