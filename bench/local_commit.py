@@ -116,7 +116,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: tmp)")
     args = parser.parse_args()
     size = parse_size(args.size)
-    work = Path(tempfile.mkdtemp(prefix="traind-bench-", dir=args.dir))
+    # Absolute: traind's config takes only absolute directories (a relative --dir is fine).
+    work = Path(tempfile.mkdtemp(prefix="traind-bench-", dir=args.dir)).resolve()
     try:
         src = work / "checkpoint-1"
         make_checkpoint(src, size)

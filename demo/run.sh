@@ -11,6 +11,7 @@ python="${PYTHON:-python3}"
 "$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e "$here[train]"
 
 rm -rf "$work" && mkdir -p "$work"
+work="$(cd "$work" && pwd)"  # absolute, as traind's directories must be (DEMO_DIR may be relative)
 cat > "$work/traind.toml" <<TOML
 [run]
 name = "demo"

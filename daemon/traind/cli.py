@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -38,6 +40,24 @@ EXAMPLES = {
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
+def _config_arg(value: str) -> str:
+    """``-c``'s value: an empty one (``-c "$UNSET"``) must not quietly mean the default file."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("empty path; give the config file's path")
+    return value
+
+
+def _seconds_arg(value: str) -> float:
+    """``--watch``'s value: a positive, finite number of seconds (0 or nan would spin)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{value!r}: must be a number of seconds above 0")
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
@@ -52,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-c",
         "--config",
         metavar="PATH",
+        type=_config_arg,
         help=f"config file (default: $TRAIND_CONFIG or {config.DEFAULT_CONFIG})",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -84,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--watch",
         nargs="?",
-        type=float,
+        type=_seconds_arg,
         const=2.0,
         metavar="SECONDS",
         help="redraw every SECONDS (default 2) until Ctrl-C",
@@ -101,14 +122,45 @@ def main(argv: list[str] | None = None) -> int:
     handler: Handler = _HANDLERS[args.command]
     try:
         return asyncio.run(handler(args))
-    except ConfigError as exc:
-        print(f"traind: invalid configuration {exc}", file=sys.stderr)
-        return 2
-    except TraindError as exc:
-        print(f"traind: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        failures = _leaves(exc)  # `traind run` fails from inside a TaskGroup
+        if not all(_expected(e) for e in failures):
+            raise  # a bug: keep its traceback
+        for failure in failures:
+            print(f"traind: {_explain(failure, args.command)}", file=sys.stderr)
+        return 2 if all(isinstance(e, ConfigError) for e in failures) else 1
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside ``exc``, exception groups flattened."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _expected(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ordinary failure to report in one line: traind's own errors, an
+    error the OS reported (it has an errno), or a journal database that cannot be used."""
+    return (
+        isinstance(exc, TraindError)
+        or (isinstance(exc, OSError) and exc.errno is not None)
+        or type(exc) in (sqlite3.DatabaseError, sqlite3.OperationalError)
+    )
+
+
+def _explain(exc: BaseException, command: str) -> str:
+    """The one line that says what failed, for an ``_expected`` exception."""
+    if isinstance(exc, ConfigError):
+        return f"invalid configuration {exc}"
+    if isinstance(exc, OSError):
+        paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+        where = f"{paths}: " if paths else ""
+        return f"{command} failed: {where}{exc.strerror or exc}"
+    if isinstance(exc, sqlite3.Error):
+        return f"{command} failed: the journal (journal.sqlite3 in run.state_dir): {exc}"
+    return str(exc)
 
 
 def _settings(args: argparse.Namespace) -> config.Settings:

@@ -1,25 +1,61 @@
 """Configuration: one TOML file, environment overrides, frozen models passed down.
 
 Each component receives only its own section. ``load()`` is the only entry point; every
-problem in a bad file is reported at once, naming the key, the value and what is allowed.
+problem in a bad file is reported at once, naming the key, the value and what is allowed
+(and the TRAIND_* variable, when the value came from the environment).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from traind.errors import ConfigError
 from traind.status.address import parse_listen
 from traind.storage.keys import check_component
-from traind.units import Duration, Size
+from traind.units import Duration, PositiveDuration, Size
 
 DEFAULT_CONFIG = Path("/etc/traind/traind.toml")
+ENV_PREFIX = "TRAIND_"
+
+
+def _absolute(value: object) -> object:
+    """Refuse an empty or relative directory before pydantic turns it into a Path: ``""``
+    would be the working directory, and a relative path depends on it (``/`` under systemd)."""
+    if isinstance(value, str | PurePath):
+        if not str(value).strip():
+            raise ValueError("must not be empty")
+        if "\0" in str(value):
+            raise ValueError("must not contain a NUL character")
+        if not Path(value).is_absolute():
+            raise ValueError("must be an absolute path (a relative one depends on the working "
+                             "directory: / under systemd)")
+    return value
+
+
+Directory = Annotated[Path, BeforeValidator(_absolute)]
+"""A directory traind writes in or deletes from: absolute, never empty."""
 
 
 class Section(BaseModel):
@@ -32,8 +68,8 @@ class RunConfig(Section):
     """``[run]``: what is being run and where its files live."""
 
     name: str = Field(description="remote namespace: <prefix>/<name>/<tag>/")
-    output_dir: Path = Field(description="where the trainer writes checkpoint-N/")
-    state_dir: Path = Path("/var/lib/traind")
+    output_dir: Directory = Field(description="where the trainer writes checkpoint-N/")
+    state_dir: Directory = Path("/var/lib/traind")
     stop_timeout: Duration = 30.0
 
     @field_validator("name")
@@ -48,7 +84,7 @@ class CheckpointsConfig(Section):
     pattern: str = "checkpoint-*"
     markers: tuple[str, ...] = ("trainer_state.json", ".metadata")
     settle: Duration = 5.0
-    poll_interval: Duration = 1.0
+    poll_interval: PositiveDuration = 1.0
     force_polling: bool = False
 
 
@@ -56,7 +92,7 @@ class LocalStorage(Section):
     """``[storage] type = "local"``: a directory, local disk or an NFS mount."""
 
     type: Literal["local"] = "local"
-    path: Path
+    path: Directory
     concurrency: int = Field(default=4, ge=1, le=64)
 
 
@@ -80,8 +116,8 @@ class S3Storage(Section):
     request_checksum_calculation: Literal["when_supported", "when_required"] = "when_supported"
     retries: int = Field(default=8, ge=0)
     retry_max_delay: Duration = 20.0
-    connect_timeout: Duration = 10.0
-    read_timeout: Duration = 60.0
+    connect_timeout: PositiveDuration = 10.0
+    read_timeout: PositiveDuration = 60.0
 
     @field_validator("prefix")
     @classmethod
@@ -104,9 +140,9 @@ class SSHStorage(Section):
     insecure_skip_host_key_check: bool = False
     remote_path: str
     concurrency: int = Field(default=4, ge=1, le=64)
-    keepalive: Duration = 15.0
+    keepalive: PositiveDuration = 15.0
     transfer: Literal["sftp", "openssh", "rsync"] = "sftp"
-    connect_timeout: Duration = 30.0
+    connect_timeout: PositiveDuration = 30.0
     retries: int = Field(default=8, ge=0, description="reconnects per operation, then fail")
     backoff_initial: Duration = 0.5
     backoff_max: Duration = 30.0
@@ -142,7 +178,7 @@ class RetentionConfig(Section):
     keep_every_steps: int | None = Field(default=None, ge=1)
     keep_best: bool = True
     keep_local: int | None = Field(default=2, ge=1)
-    interval: Duration = 600.0
+    interval: PositiveDuration = 600.0
 
 
 class StatusConfig(Section):
@@ -162,22 +198,23 @@ class HealthConfig(Section):
     """An HTTP health check: ready after ``successes`` 200s in a row within ``ready_timeout``."""
 
     url: str
-    interval: Duration = 2.0
-    timeout: Duration = 5.0
+    interval: PositiveDuration = 2.0
+    timeout: PositiveDuration = 5.0
     successes: int = Field(default=2, ge=1)
     failures: int = Field(default=3, ge=1)
-    ready_timeout: Duration = 900.0
+    ready_timeout: PositiveDuration = 900.0
 
 
 class RestartConfig(Section):
-    """When and how fast a child is restarted."""
+    """When and how fast a child is restarted (a backoff of 0 restarts at once; a window or
+    stable_after of 0 would switch the max_restarts limit off, so they must be positive)."""
 
     policy: Literal["always", "on-failure", "never"] = "on-failure"
     backoff_initial: Duration = 2.0
     backoff_max: Duration = 300.0
     max_restarts: int = Field(default=5, ge=0)
-    window: Duration = 3600.0
-    stable_after: Duration = 600.0
+    window: PositiveDuration = 3600.0
+    stable_after: PositiveDuration = 600.0
 
 
 class ChildConfig(Section):
@@ -216,17 +253,46 @@ class VLLMConfig(ChildConfig):
 class TrainerConfig(ChildConfig):
     """``[trainer]``: the training command."""
 
-    progress_timeout: Duration | None = 1800.0
-    first_progress_timeout: Duration | None = 3600.0
+    progress_timeout: PositiveDuration | None = 1800.0  # None: no hang detection
+    first_progress_timeout: PositiveDuration | None = 3600.0
     distributed: bool = False
     exit_when_done: bool = True  # after the trainer exits 0 and every checkpoint is committed
+
+
+class _NotJSONError(ValueError):
+    """An environment override of a list or table whose value is not JSON."""
+
+
+class _EnvSource(EnvSettingsSource):
+    """TRAIND_* overrides, as pydantic-settings reads them, except that a list or table that
+    is not JSON is reported with the variable's name instead of as a bare parse failure."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError as exc:
+            name = self._variable(field_name, value)
+            raise _NotJSONError(
+                f"${name} = {value!r}: not JSON; a list or table from the environment is "
+                'written as JSON, e.g. ["python", "train.py"] or {"KEY": "value"}'
+            ) from exc
+
+    def _variable(self, key: str, value: str) -> str:
+        """The variable holding ``value`` for ``key``: pydantic-settings passes only the last
+        part of a nested name (``markers`` for TRAIND_CHECKPOINTS__MARKERS)."""
+        names = (name.upper() for name, held in self.env_vars.items() if held == value)
+        suffix = f"_{key.upper()}"
+        return next(
+            (n for n in names if n.startswith(ENV_PREFIX) and n.endswith(suffix)),
+            ENV_PREFIX + key.upper(),
+        )
 
 
 class Settings(BaseSettings):
     """The whole configuration file."""
 
     model_config = SettingsConfigDict(
-        env_prefix="TRAIND_", env_nested_delimiter="__", frozen=True, extra="forbid"
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", frozen=True, extra="forbid"
     )
 
     run: RunConfig
@@ -248,7 +314,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment overrides the file, which arrives as init arguments.
-        return env_settings, init_settings
+        return _EnvSource(settings_cls), init_settings
 
 
 def config_path(explicit: str | Path | None = None) -> Path:
@@ -258,21 +324,37 @@ def config_path(explicit: str | Path | None = None) -> Path:
 
 def load(path: Path) -> Settings:
     """Read, merge with the environment and validate; raise ConfigError listing every problem."""
+    return validate(read_toml(path), str(path))
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML file at ``path``, parsed; ConfigError if it is missing, unreadable, not
+    UTF-8 (which TOML requires) or not TOML."""
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise ConfigError([f"config file not found: {path}"], str(path)) from exc
     except OSError as exc:
         raise ConfigError([f"cannot read config file: {exc}"], str(path)) from exc
+    try:
+        return tomllib.loads(raw.decode())
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        problem = (
+            f"not UTF-8 text, as TOML must be: byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start} (line {line})"
+        )
+        raise ConfigError([problem], str(path)) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"not valid TOML: {exc}"], str(path)) from exc
-    return validate(data, str(path))
 
 
 def validate(data: dict[str, Any], source: str = "") -> Settings:
     """Validate already-parsed config data (plus environment overrides)."""
     try:
-        return Settings(**data)
+        settings = Settings(**data)
+    except SettingsError as exc:  # an override that could not even be parsed
+        raise ConfigError([str(exc.__cause__ or exc)], source) from exc
     except ValidationError as exc:
         problems = [_describe(err) for err in exc.errors()]
         if "backend" in data and "storage" not in data:  # its every key would be a problem
@@ -280,27 +362,84 @@ def validate(data: dict[str, Any], source: str = "") -> Settings:
                         "use it with `traind launch -c`; traind's own config is the file its "
                         "[run] traind_config names"]
         raise ConfigError(problems, source) from exc
+    problems = _overlaps(settings)
+    if problems:
+        raise ConfigError(problems, source)
+    return settings
+
+
+def _overlaps(settings: Settings) -> list[str]:
+    """Problems with output_dir, state_dir and a local store sharing a directory: retention
+    deletes in output_dir and in the store, the watcher uploads what appears in output_dir,
+    and state_dir holds the journal and staging, so none may be inside another."""
+    written = {"run.output_dir": settings.run.output_dir, "run.state_dir": settings.run.state_dir}
+    if isinstance(settings.storage, LocalStorage):
+        written["storage.path"] = settings.storage.path
+    real = {key: Path(os.path.realpath(path)) for key, path in written.items()}
+
+    def shown(key: str) -> str:
+        resolved = "" if real[key] == written[key] else f" (resolved: {real[key]})"
+        return f"{key}{_origin(key.split('.'))} = '{written[key]}'{resolved}"
+
+    problems = []
+    for a, b in itertools.combinations(written, 2):
+        relation = _relation(real[a], real[b])
+        if relation:
+            problems.append(
+                f"{shown(a)} {relation} {shown(b)}: they must be separate directories, "
+                "neither inside the other"
+            )
+    return problems
+
+
+def _relation(a: Path, b: Path) -> str | None:
+    """How directory ``a`` overlaps ``b``, in words, or None when they are apart."""
+    if a == b:
+        return "is the same directory as"
+    if a.is_relative_to(b):
+        return "is inside"
+    if b.is_relative_to(a):
+        return "contains"
+    return None
 
 
 def _describe(err: Any) -> str:
-    loc = _location(err["loc"])
+    parts = _location(err["loc"])
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        parts.append("type")  # the discriminator: say which key it is
+    loc = ".".join(parts) + _origin(parts)
     msg = str(err["msg"]).removeprefix("Value error, ")
+    allowed = ", ".join(STORAGE_TYPES)
     if err["type"] == "missing":
         return f"{loc}: required key is missing"
+    if err["type"] == "union_tag_not_found":
+        return f"{loc}: required key is missing; one of {allowed}"
     if err["type"] == "extra_forbidden":
         return f"{loc}: unknown key (check the spelling; see config/ for every key)"
     if err["type"] == "union_tag_invalid":
         got = err["input"].get("type") if isinstance(err["input"], dict) else err["input"]
-        return f"{loc}.type = {got!r}: not a storage type; allowed: {', '.join(STORAGE_TYPES)}"
+        return f"{loc} = {got!r}: not a storage type; allowed: {allowed}"
     value = err.get("input")
-    shown = "" if isinstance(value, dict) else f" = {value!r}"
-    return f"{loc}{shown}: {msg}"
+    if isinstance(value, dict):
+        return f"{loc}: {msg}"
+    return f"{loc} = {value!r}: {msg.removeprefix(f'{value!r}: ')}"  # the value once
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    """The key's dotted path as written in the file: ``storage.s3.bucket`` (pydantic names
-    the union member it tried) is ``storage.bucket``; a top-level ``ssh`` stays ``ssh``."""
-    parts = list(loc)
+def _location(loc: tuple[Any, ...]) -> list[str]:
+    """The key's path as written in the file: ``storage.s3.bucket`` (pydantic names the
+    union member it tried) is ``storage.bucket``; a top-level ``ssh`` stays ``ssh``."""
+    parts = [str(p) for p in loc]
     if len(parts) > 1 and parts[0] == "storage" and parts[1] in STORAGE_TYPES:
         del parts[1]
-    return ".".join(str(p) for p in parts)
+    return parts
+
+
+def _origin(parts: list[str]) -> str:
+    """`` (from $TRAIND_X__Y)`` when a TRAIND_* variable set this key or the section holding
+    it (the environment overrides the file), else nothing."""
+    names = {name.upper(): name for name in os.environ}  # matched case-insensitively
+    for end in range(len(parts), 0, -1):
+        name = ENV_PREFIX + "__".join(parts[:end]).upper()
+        if name in names:
+            return f" (from ${names[name]})"
+    return ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -15,7 +16,10 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*", re.IGNORECASE)
 def parse_duration(value: object) -> float:
     """Seconds from ``"90s"``, ``"10m"``, ``"1.5h"``, ``"250ms"`` or a bare number of seconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # a TOML integer too large for a float
+            seconds = math.inf
     elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
         seconds = float(m[1]) * _DURATION_UNITS[(m[2] or "s").lower()]
     else:
@@ -23,8 +27,19 @@ def parse_duration(value: object) -> float:
             f"{value!r} is not a duration; write a number with a unit: ms, s, m, h, d "
             "(e.g. '30s', '10m')"
         )
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r}: a duration must be a finite number of seconds")
     if seconds < 0:
         raise ValueError(f"{value!r}: a duration cannot be negative")
+    return seconds
+
+
+def parse_positive_duration(value: object) -> float:
+    """Like ``parse_duration``, but 0 is refused: for intervals and timeouts, where 0 would
+    mean a busy loop or an instant failure rather than anything useful."""
+    seconds = parse_duration(value)
+    if seconds == 0:
+        raise ValueError(f"{value!r}: must be longer than 0 (e.g. '1s')")
     return seconds
 
 
@@ -36,7 +51,10 @@ def parse_size(value: object) -> int:
         unit = (m[2] or "").lower()
         base = 1024 if "i" in unit else 1000
         power = "bkmgt".find(unit[0]) if unit else 0
-        size = int(float(m[1]) * (base**power if power > 0 else 1))
+        scaled = float(m[1]) * (base**power if power > 0 else 1)
+        if not math.isfinite(scaled):  # hundreds of digits: no int() of infinity
+            raise ValueError(f"{value!r}: a size must be a finite number of bytes")
+        size = int(scaled)
     else:
         raise ValueError(
             f"{value!r} is not a size; write a number with a unit: B, KiB, MiB, GiB, KB, MB, GB "
@@ -57,4 +75,5 @@ def format_size(n: float) -> str:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[float, BeforeValidator(parse_positive_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -154,3 +155,77 @@ def test_push_never_replaces_a_committed_checkpoint(cfg: Path, tmp_path: Path) -
     second = tmp_path / "two/checkpoint-5"
     other = traind("push", "-c", str(cfg), "--tag", "checkpoint-6", str(second))
     assert other.returncode == 0, other.stderr
+
+
+def test_config_problems_outside_the_keys_exit_2(cfg: Path, tmp_path: Path) -> None:
+    """A file that is not UTF-8 and a list override that is not JSON are config problems
+    (exit 2, one line each), not tracebacks."""
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(cfg.read_bytes() + b"# caf\xe9\n")
+    result = traind("check-config", "--offline", "-c", str(latin1))
+    assert result.returncode == 2
+    assert f"in {latin1}:\n  - not UTF-8 text" in result.stderr
+    result = traind(
+        "check-config", "--offline", "-c", str(cfg),
+        env={"TRAIND_TRAINER__COMMAND": "python train.py"},
+    )
+    assert result.returncode == 2
+    assert "$TRAIND_TRAINER__COMMAND = 'python train.py': not JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_empty_config_path_is_refused(cfg: Path) -> None:
+    """`-c ""` is an error, not a quiet fall-back to $TRAIND_CONFIG or /etc/traind."""
+    result = traind("check-config", "--offline", "-c", "", env={"TRAIND_CONFIG": str(cfg)})
+    assert result.returncode == 2
+    assert "argument -c/--config: empty path" in result.stderr
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "inf"])
+def test_status_watch_needs_a_positive_interval(cfg: Path, seconds: str) -> None:
+    """`status --watch` refuses an interval that would flood the terminal."""
+    result = traind("status", "-c", str(cfg), "--watch", seconds)
+    assert result.returncode == 2
+    assert f"argument --watch: '{seconds}': must be a number of seconds above 0" in result.stderr
+
+
+def test_os_errors_are_one_line(cfg: Path, tmp_path: Path) -> None:
+    """A file where a directory should be, or a journal that is not a database: one line
+    naming what failed and where, exit 1, no traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    assert traind("push", "-c", str(cfg), str(make_ckpt(tmp_path / "src", 1))).returncode == 0
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "journal.sqlite3").write_text("not a database")
+    for args, env, named in [
+        (("pull", "latest", str(afile)), {}, str(afile)),
+        (("prune",), {"TRAIND_RUN__STATE_DIR": str(afile)}, str(afile)),
+        (("prune",), {"TRAIND_RUN__STATE_DIR": str(corrupt)}, "journal"),
+    ]:
+        result = traind(*args, "-c", str(cfg), env=env)
+        assert result.returncode == 1, result.stderr
+        [line] = result.stderr.splitlines()
+        assert line.startswith("traind: ")
+        assert named in line
+
+
+def test_run_with_status_port_in_use(tmp_path: Path) -> None:
+    """`traind run` whose status port is taken says so in one line and exits 1."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = write_config(
+            tmp_path / "traind.toml",
+            run="exp",
+            output_dir=tmp_path / "out",
+            state_dir=tmp_path / "state",
+            storage=f'type = "local"\npath = "{tmp_path / "store"}"',
+            status_port=port,
+        )
+        result = traind("run", "-c", str(cfg))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"traind: status.listen 127.0.0.1:{port} is already in use (another traind?)\n"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +137,204 @@ def test_config_path_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAIND_CONFIG", "/x.toml")
     assert config.config_path(None) == Path("/x.toml")
     assert config.config_path("/y.toml") == Path("/y.toml")
+
+
+def test_non_utf8_file_names_the_file_and_offset(tmp_path: Path) -> None:
+    """A file with bytes that are not UTF-8 is a config error with the byte's offset."""
+    path = tmp_path / "traind.toml"
+    path.write_bytes(MINIMAL.encode() + b"\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert info.value.source == str(path)
+    offset, line = len(MINIMAL.encode() + b"\n# caf"), MINIMAL.count("\n") + 2
+    assert info.value.problems == [
+        f"not UTF-8 text, as TOML must be: byte 0xe9 at offset {offset} (line {line})"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("checkpoints", "poll_interval"),
+        ("retention", "interval"),
+        ("trainer", "progress_timeout"),
+        ("trainer", "first_progress_timeout"),
+        ("trainer.restart", "window"),
+        ("trainer.restart", "stable_after"),
+    ],
+)
+def test_intervals_and_timeouts_must_be_positive(section: str, key: str) -> None:
+    """An interval or timeout of 0 (a busy loop, or an instant failure) is refused by name."""
+    data: dict[str, Any] = {
+        "run": {"name": "r", "output_dir": "/o"},
+        "storage": {"type": "local", "path": "/a"},
+        "trainer": {"command": ["true"], "restart": {}},
+    }
+    target = data
+    for part in section.split("."):
+        target = target.setdefault(part, {})
+    target[key] = "0s"
+    with pytest.raises(ConfigError) as info:
+        config.validate(data)
+    assert info.value.problems == [f"{section}.{key} = '0s': must be longer than 0 (e.g. '1s')"]
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [
+        'type = "s3"\nbucket = "b"\nconnect_timeout = 0\nread_timeout = 0',
+        'type = "ssh"\nhost = "h"\nremote_path = "/r"\nconnect_timeout = 0\nkeepalive = 0',
+    ],
+)
+def test_storage_timeouts_must_be_positive(tmp_path: Path, storage: str) -> None:
+    """The store's timeouts and keepalive are refused at 0."""
+    text = MINIMAL.replace('type = "local"\npath = "/mnt/ckpt"', storage)
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text))
+    assert len(info.value.problems) == 2
+    assert all(p.endswith("= 0: must be longer than 0 (e.g. '1s')") for p in info.value.problems)
+
+
+def test_health_durations_must_be_positive() -> None:
+    """A health check's interval, timeout and ready_timeout are refused at 0."""
+    with pytest.raises(ConfigError) as info:
+        config.validate({
+            "run": {"name": "r", "output_dir": "/o"},
+            "storage": {"type": "local", "path": "/a"},
+            "vllm": {"command": ["vllm"], "health": {
+                "url": "http://127.0.0.1:8000/health", "interval": 0, "timeout": 0,
+                "ready_timeout": 0,
+            }},
+        })
+    assert sorted(p.split(" =")[0] for p in info.value.problems) == [
+        "vllm.health.interval", "vllm.health.ready_timeout", "vllm.health.timeout",
+    ]
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_durations_must_be_finite(tmp_path: Path, bad: str) -> None:
+    """nan and infinity (TOML floats) are refused even where 0 is allowed."""
+    text = MINIMAL + f"\n[checkpoints]\nsettle = {bad}\n"
+    with pytest.raises(ConfigError, match=r"checkpoints\.settle = .*finite"):
+        config.load(write(tmp_path, text))
+
+
+def test_zero_is_allowed_where_it_means_something(tmp_path: Path) -> None:
+    """settle, stop_timeout and stop_grace of 0 (commit at once, stop at once) are allowed."""
+    text = MINIMAL.replace('output_dir = "/data/out"', 'output_dir = "/data/out"\nstop_timeout = 0')
+    text += '\n[checkpoints]\nsettle = "0s"\n\n[trainer]\ncommand = ["true"]\nstop_grace = 0\n'
+    s = config.load(write(tmp_path, text))
+    assert (s.checkpoints.settle, s.run.stop_timeout) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TRAIND_CHECKPOINTS__MARKERS", "foo"),
+        ("TRAIND_CHECKPOINTS__MARKERS", '["a",'),
+        ("TRAIND_TRAINER__COMMAND", "python train.py"),
+        ("TRAIND_RUN", "xyz"),
+    ],
+)
+def test_environment_list_that_is_not_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """A list or table override that is not JSON names the variable and says to write JSON."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MINIMAL))
+    [problem] = info.value.problems
+    assert problem.startswith(f"${variable} = {value!r}: not JSON")
+    assert '["python", "train.py"]' in problem
+
+
+def test_environment_list_as_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list override written as JSON is used."""
+    monkeypatch.setenv("TRAIND_TRAINER__COMMAND", '["python", "train.py"]')
+    s = config.load(write(tmp_path, MINIMAL))
+    assert s.trainer is not None
+    assert s.trainer.command == ("python", "train.py")
+
+
+def test_bad_environment_value_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad value from the environment is blamed on its variable, not on the file."""
+    monkeypatch.setenv("traind_retention__keep_last", "abc")
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MINIMAL + "\n[checkpoints]\nsettle = -1\n"))
+    assert sorted(info.value.problems) == [
+        "checkpoints.settle = -1: a duration cannot be negative",
+        "retention.keep_last (from $traind_retention__keep_last) = 'abc': "
+        "Input should be a valid integer, unable to parse string as an integer",
+    ]
+
+
+@pytest.mark.parametrize("key", ["output_dir", "state_dir", "path"])
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("", "must not be empty"),
+        ("out", "must be an absolute path"),
+        ("/o\0x", "must not contain a NUL character"),
+    ],
+)
+def test_empty_and_relative_directories_are_refused(
+    tmp_path: Path, key: str, value: str, problem: str
+) -> None:
+    """output_dir, state_dir and a local store's path must be absolute paths: "" would be the
+    working directory."""
+    section = "storage" if key == "path" else "run"
+    data = {"run": {"name": "r", "output_dir": "/o"}, "storage": {"type": "local", "path": "/a"}}
+    data[section][key] = value
+    with pytest.raises(ConfigError) as info:
+        config.validate(data)
+    [found] = info.value.problems
+    assert found.startswith(f"{section}.{key} = {value!r}: {problem}")
+
+
+SAME = "is the same directory as"
+
+
+@pytest.mark.parametrize(
+    ("output_dir", "state_dir", "store", "expected"),
+    [
+        ("/x", "/s", "/x", f"run.output_dir = '/x' {SAME} storage.path = '/x'"),
+        ("/x/run", "/s", "/x", "run.output_dir = '/x/run' is inside storage.path = '/x'"),
+        ("/x", "/s", "/x/store", "run.output_dir = '/x' contains storage.path = '/x/store'"),
+        ("/x", "/x/state", "/st", "run.output_dir = '/x' contains run.state_dir = '/x/state'"),
+        ("/x", "/x", "/st", f"run.output_dir = '/x' {SAME} run.state_dir = '/x'"),
+        ("/x", "/st/state", "/st", "run.state_dir = '/st/state' is inside storage.path = '/st'"),
+        ("/x", "/st", "/st", f"run.state_dir = '/st' {SAME} storage.path = '/st'"),
+    ],
+)
+def test_overlapping_directories_are_refused(
+    output_dir: str, state_dir: str, store: str, expected: str
+) -> None:
+    """output_dir, state_dir and a local store may not be one inside another (retention
+    would delete store copies); each overlap names both keys and paths."""
+    with pytest.raises(ConfigError) as info:
+        config.validate({
+            "run": {"name": "r", "output_dir": output_dir, "state_dir": state_dir},
+            "storage": {"type": "local", "path": store},
+        })
+    assert [p.split(": they")[0] for p in info.value.problems] == [expected]
+
+
+def test_overlap_is_found_through_a_symlink(tmp_path: Path) -> None:
+    """Directories are compared resolved: a symlink to the store is the store."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "store")
+    with pytest.raises(ConfigError, match=r"\(resolved: .*store\) is the same directory as"):
+        config.validate({
+            "run": {"name": "r", "output_dir": str(tmp_path / "link"),
+                    "state_dir": str(tmp_path / "state")},
+            "storage": {"type": "local", "path": str(tmp_path / "store")},
+        })
+
+
+def test_missing_storage_type_lists_the_types(tmp_path: Path) -> None:
+    """A [storage] without type says the key is missing and which types there are."""
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MINIMAL.replace('type = "local"\n', "")))
+    assert info.value.problems == ["storage.type: required key is missing; one of local, s3, ssh"]

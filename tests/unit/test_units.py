@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from traind.units import format_size, parse_duration, parse_size
+from traind.units import format_size, parse_duration, parse_positive_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,22 @@ def test_bad_duration_names_the_value(bad: object) -> None:
     assert repr(bad) in str(info.value)
 
 
-@pytest.mark.parametrize("bad", ["lots", "5 parsecs", -1, True, "1.5.2MB"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 10**400, "9" * 400])
+def test_durations_are_finite(bad: object) -> None:
+    """nan, infinity and numbers too large for a float are not durations."""
+    with pytest.raises(ValueError, match="finite"):
+        parse_duration(bad)
+
+
+def test_positive_duration_refuses_zero() -> None:
+    """An interval or timeout of 0 is refused; any positive duration passes."""
+    for zero in (0, 0.0, "0s", "0ms"):
+        with pytest.raises(ValueError, match="longer than 0"):
+            parse_positive_duration(zero)
+    assert parse_positive_duration("250ms") == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("bad", ["lots", "5 parsecs", -1, True, "1.5.2MB", "9" * 400 + "GiB"])
 def test_bad_size_names_the_value(bad: object) -> None:
     """A bad size's error quotes it and says what is allowed."""
     with pytest.raises(ValueError, match=r"size|negative"):

@@ -7,6 +7,7 @@ it serves what the daemon hands it and holds no state of its own.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -51,6 +52,10 @@ class StatusServer:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
+            if exc.errno == errno.EADDRINUSE:
+                raise TraindError(
+                    f"status.listen {self.address} is already in use (another traind?)"
+                ) from exc
             raise TraindError(f"status server cannot listen on {self.address}: {exc}") from exc
         self._runner = runner
         if isinstance(self.address, TCPAddress) and self.address.port == 0:

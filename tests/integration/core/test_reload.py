@@ -60,3 +60,23 @@ def test_broken_file_changes_nothing(tmp_path: Path) -> None:
     finally:
         daemon.kill()
     assert sorted(stored(store, "exp")) == ["checkpoint-1"]
+
+
+def test_non_utf8_file_changes_nothing(tmp_path: Path) -> None:
+    """A file that is not UTF-8, sent by SIGHUP, is rejected like any invalid file: the
+    daemon and its trainer carry on."""
+    out, store, cfg = setup(tmp_path, extra='[trainer]\ncommand = ["sleep", "300"]')
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for("child_started", timeout=20)
+        cfg.write_bytes(cfg.read_bytes() + b"\n# caf\xe9\n")
+        daemon.proc.send_signal(signal.SIGHUP)
+        rejected = daemon.wait_for("reload_rejected", timeout=20)
+        assert rejected["problems"][0].startswith("not UTF-8 text")
+        write_checkpoint(out, 1)
+        committed(daemon, "checkpoint-1")
+        assert daemon.named("child_exited") == []
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert sorted(stored(store, "exp")) == ["checkpoint-1"]

@@ -176,12 +176,12 @@ async def test_stop_frees_the_port() -> None:
 
 
 async def test_port_in_use_is_a_clear_error() -> None:
-    """A taken port raises TraindError naming the address."""
+    """A taken port raises TraindError naming the key and the address."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(TraindError, match=f"cannot listen on 127.0.0.1:{port}"):
+        with pytest.raises(TraindError, match=f"status.listen 127.0.0.1:{port} is already in use"):
             async with asyncio.timeout(5), StatusServer(f"127.0.0.1:{port}", sample, Metrics()):
                 pass
 
