@@ -27,6 +27,7 @@ from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
 from traind.storage.base import Storage
 from traind.storage.factory import open_storage
+from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
 
@@ -98,7 +99,8 @@ class Daemon:
             log.info("daemon_stopped")
 
     async def startup(self) -> Watcher:
-        """Restore if this is a fresh host, recover unfinished work, build the watcher."""
+        """Stop what a killed predecessor left running, restore if this is a fresh host,
+        recover unfinished work, build the watcher."""
         s = self.settings
         log.info(
             "daemon_starting",
@@ -107,6 +109,7 @@ class Daemon:
             state_dir=str(s.run.state_dir),
             backend=self.storage.describe,
         )
+        await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
         manifests = await self._store_manifests()
         self.observer.known(manifests)
         await recovery.restore_if_fresh(

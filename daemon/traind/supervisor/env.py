@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
+from pathlib import Path
 
 from traind.config import ChildConfig, TrainerConfig
 from traind.supervisor.policy import Role
 
 CHILD_TAG = "TRAIND_CHILD_ID"
 """Set in every child's environment; descendants inherit it, which finds escaped ones in /proc."""
+OWNER_TAG = "TRAIND_STATE_DIR"
+"""Set in every child's environment to its daemon's resolved state_dir: how a restarted daemon
+finds in /proc what its killed predecessor left running, and only that."""
 DISTRIBUTED_VARS = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
      "MASTER_ADDR", "MASTER_PORT"}
 )
 SINGLE_NODE = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-RUNTIME_VARS = frozenset({"TRAIND_RESUME_FROM", "TRAIND_HEARTBEAT", CHILD_TAG})
+RUNTIME_VARS = frozenset({"TRAIND_RESUME_FROM", "TRAIND_HEARTBEAT", CHILD_TAG, OWNER_TAG})
+
+
+def new_tag(name: str) -> str:
+    """A fresh ``CHILD_TAG`` value for one start of child ``name``."""
+    return f"{name}-{uuid.uuid4().hex}"
+
+
+def tag_name(tag: str) -> str:
+    """The child name a ``CHILD_TAG`` value was made for (see ``new_tag``)."""
+    return tag.rpartition("-")[0]
+
+
+def owner_of(state_dir: Path) -> str:
+    """The ``OWNER_TAG`` value for a daemon of ``state_dir``: its real path, so two spellings
+    of one directory match and different directories never do."""
+    return str(state_dir.resolve())
 
 
 def _dropped(name: str, role: Role) -> bool:

@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -22,7 +21,7 @@ import structlog
 
 from traind.config import ChildConfig
 from traind.errors import SupervisorError
-from traind.supervisor.env import CHILD_TAG, child_env
+from traind.supervisor.env import CHILD_TAG, OWNER_TAG, child_env, new_tag
 from traind.supervisor.output import ChildLog, Pipes
 from traind.supervisor.policy import Role
 from traind.supervisor.procfs import ProcessTree
@@ -51,7 +50,11 @@ OnLine = Callable[[str, str], None]
 
 class ManagedProcess:
     """One supervised child: spawns its argv (never a shell) in a new session, drains and
-    logs its output, tracks its process tree and stops all of it."""
+    logs its output, tracks its process tree and stops all of it.
+
+    ``owner`` (see ``env.owner_of``) marks the child as its daemon's, so that a daemon
+    restarted after being killed can find and stop it (``supervisor.leftovers``).
+    """
 
     def __init__(
         self,
@@ -61,6 +64,7 @@ class ManagedProcess:
         *,
         log_dir: Path,
         base_env: Mapping[str, str] | None = None,
+        owner: str | None = None,
         on_state: OnState | None = None,
         on_line: OnLine | None = None,
     ) -> None:
@@ -75,6 +79,7 @@ class ManagedProcess:
         self.last_output = 0.0
         self._log_dir = log_dir
         self._base_env = dict(os.environ if base_env is None else base_env)
+        self._owner = owner
         self._on_state = on_state
         self._on_line = on_line
         self._log = log.bind(child=name)
@@ -115,9 +120,11 @@ class ManagedProcess:
         if self._transport is not None:
             raise SupervisorError(f"{self.name} was started and not stopped")
         argv = tuple(argv if argv is not None else self.config.command)
-        tag = f"{self.name}-{uuid.uuid4().hex}"
+        tag = new_tag(self.name)
         env = child_env(self._base_env, self.config, self.role) | dict(extra_env or {})
         env[CHILD_TAG] = tag
+        if self._owner is not None:
+            env[OWNER_TAG] = self._owner
         self.set_state(State.STARTING)
         self.returncode, self.ended_at, self.pid = None, None, None
         self._exited = asyncio.Event()

@@ -47,13 +47,13 @@ def process_table() -> dict[int, Proc]:
     return {p.pid: p for p in found if p is not None}
 
 
-def descendants(table: Mapping[int, Proc], root: int) -> set[int]:
-    """Pids below ``root`` in the parent tree of ``table``."""
+def descendants(table: Mapping[int, Proc], *roots: int) -> set[int]:
+    """Pids below any of ``roots`` in the parent tree of ``table``."""
     children: dict[int, list[int]] = defaultdict(list)
     for p in table.values():
         children[p.ppid].append(p.pid)
     found: set[int] = set()
-    todo = list(children[root])
+    todo = [pid for root in roots for pid in children[root]]
     while todo:
         pid = todo.pop()
         if pid not in found:
@@ -62,11 +62,22 @@ def descendants(table: Mapping[int, Proc], root: int) -> set[int]:
     return found
 
 
-def _has_tag(pid: int, entry: bytes) -> bool:
+def environ(pid: int) -> list[bytes]:
+    """``/proc/<pid>/environ`` as ``NAME=value`` entries; empty when the process is gone or
+    not ours to read."""
     try:
-        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return False
+        return []
+
+
+def send(p: Proc, sig: int) -> None:
+    """Send ``sig`` to ``p`` unless it is gone, a zombie, or its pid now names another process.
+    PermissionError propagates."""
+    now = read_proc(p.pid)
+    if now is not None and now.start == p.start and now.state != "Z":
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, sig)
 
 
 class ProcessTree:
@@ -89,7 +100,7 @@ class ProcessTree:
         pids.update(p.pid for p in table.values() if p.pgrp == self.leader)
         pids.update(pid for pid, start in self._seen.items() if _same(table, pid, start))
         if by_tag:
-            pids.update(pid for pid in table if pid not in pids and _has_tag(pid, self._entry))
+            pids.update(pid for pid in table if pid not in pids and self._entry in environ(pid))
         pids -= {self.leader, me, 1}
         members = [table[pid] for pid in pids]
         self._seen = {p.pid: p.start for p in members}
@@ -104,10 +115,7 @@ class ProcessTree:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.leader, sig)
         for p in members:
-            now = read_proc(p.pid)
-            if now is not None and now.start == p.start and now.state != "Z":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, sig)
+            send(p, sig)
 
 
 def _same(table: Mapping[int, Proc], pid: int, start: int) -> bool:

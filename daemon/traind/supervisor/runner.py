@@ -79,6 +79,7 @@ class ChildRunner:
         log_dir: Path,
         health: HealthConfig | None = None,
         base_env: Mapping[str, str] | None = None,
+        owner: str | None = None,
         on_change: Callable[[ChildRunner], None] | None = None,
         jitter: Jitter = random.random,
     ) -> None:
@@ -86,7 +87,7 @@ class ChildRunner:
         self.config = config
         self.role = role
         self.process = ManagedProcess(name, config, role, log_dir=log_dir, base_env=base_env,
-                                      on_state=self._state_changed)
+                                      owner=owner, on_state=self._state_changed)
         self.starts = 0
         self.restarts = 0
         self.outcome: str | None = None

@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 
 from traind.config import ServiceConfig, TrainerConfig, VLLMConfig
+from traind.supervisor.env import owner_of
 from traind.supervisor.policy import Role
 from traind.supervisor.process import State, uninterrupted
 from traind.supervisor.runner import ChildRunner, ChildStatus, Jitter
@@ -39,7 +40,8 @@ class Supervisor:
         jitter: Jitter = random.random,
     ) -> None:
         kw: dict[str, Any] = {"log_dir": state_dir / "logs", "base_env": base_env,
-                              "on_change": self._changed_child, "jitter": jitter}
+                              "owner": owner_of(state_dir), "on_change": self._changed_child,
+                              "jitter": jitter}
         self.services = [ChildRunner(s.name, s, Role.SERVICE, health=s.health, **kw)
                          for s in services]
         self.vllm = VLLMRunner(vllm, **kw) if vllm is not None else None
