@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
 import time
 from pathlib import Path
 
@@ -49,6 +51,7 @@ class Daemon:
         self.storage = storage or open_storage(settings.storage, settings.run.name)
         state_dir = settings.run.state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_state_dir(state_dir)
         self.journal = Journal.in_state_dir(state_dir)
         self.streamer = Streamer(
             settings.run.name, state_dir, self.storage, self.journal, self._committed
@@ -96,6 +99,8 @@ class Daemon:
             await self._serve_status(None)
             await self.storage.aclose()
             self.journal.close()
+            if self._lock is not None:
+                os.close(self._lock)
             log.info("daemon_stopped")
 
     async def startup(self) -> Watcher:
@@ -314,3 +319,28 @@ class Daemon:
             server = StatusServer(status.listen, self.observer.snapshot, self.observer.metrics)
             await server.start()
             self._server = server
+
+
+def _lock_state_dir(state_dir: Path) -> int | None:
+    """Hold ``state_dir/traind.lock`` for this daemon's life (its descriptor; released by
+    the kernel however the process ends). A second daemon of the same state_dir would share
+    its journal and staging, and stop its children as leftovers: it is refused instead.
+    None where the filesystem has no locks (a warning says so)."""
+    fd = os.open(state_dir / "traind.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise TraindError(
+            f"another traind (pid {holder}) is running with run.state_dir {state_dir}; stop "
+            "it first, or give this one a state_dir of its own"
+        ) from None
+    except OSError as exc:
+        os.close(fd)
+        log.warning("state_dir_unlocked", state_dir=str(state_dir), error=str(exc),
+                    hint="two daemons on this state_dir would not be noticed")
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd

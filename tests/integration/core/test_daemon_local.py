@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -179,6 +180,27 @@ def test_local_retention_spares_the_trainers_resume_point(tmp_path: Path) -> Non
     pruned = {e["tag"] for e in daemon.named("checkpoint_pruned") if e["where"] == "local"}
     assert pruned <= {"checkpoint-1", "checkpoint-3"}  # -1 perhaps under the first daemon
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_a_second_daemon_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+    """Two daemons would share one journal and stop each other's children: the second one
+    exits at once, naming the first one's pid; the first keeps running."""
+    out, _, cfg = setup(tmp_path)
+    first = DaemonProcess(cfg)
+    try:
+        first.wait_for("daemon_ready", timeout=20)
+        second = subprocess.run(
+            [sys.executable, "-m", "traind", "run", "-c", str(cfg)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert second.returncode == 1
+        assert f"another traind (pid {first.proc.pid}) is running" in second.stderr
+        assert "Traceback" not in second.stderr
+        write_checkpoint(out, 1)
+        first.wait_for("checkpoint_committed", timeout=30)
+        assert first.stop() == 0
+    finally:
+        first.kill()
 
 
 def test_sigterm_and_sigint_exit_zero_promptly(tmp_path: Path) -> None:
