@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("run", "Run the daemon: restore on a fresh host, then watch, stream and prune.")
     check = add("check-config", "Validate the config file and probe the storage backend.")
     check.add_argument("--offline", action="store_true", help="validate only; do not probe")
+    check.add_argument(
+        "--timeout", type=_seconds_arg, default=60.0, metavar="SECONDS",
+        help="give up probing the store after this long (default 60; a store that accepts "
+             "connections but never answers would otherwise take every retry's read_timeout)",
+    )
     lst = add("list", "List the committed checkpoints in the store.")
     lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pull = add("pull", "Restore a committed checkpoint into DIR/<tag>, verified.")
@@ -201,7 +206,13 @@ async def _check_config(args: argparse.Namespace) -> int:
         return 0
     storage = open_storage(settings.storage, settings.run.name)
     try:
-        await storage.probe()
+        async with asyncio.timeout(args.timeout):
+            await storage.probe()
+    except TimeoutError:
+        raise TraindError(
+            f"storage {storage.describe}: no complete answer within {args.timeout:g} s; check "
+            "the endpoint or host (something there accepts connections but does not answer)"
+        ) from None
     finally:
         await storage.aclose()
     print(f"storage {storage.describe}: reachable and writable")

@@ -8,10 +8,12 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from tests.support.daemon import write_config
+from tests.support.requires import need_module
 
 COMMANDS = ["run", "check-config", "list", "pull", "push", "prune"]
 
@@ -229,3 +231,27 @@ def test_run_with_status_port_in_use(tmp_path: Path) -> None:
     assert result.stderr == (
         f"traind: status.listen 127.0.0.1:{port} is already in use (another traind?)\n"
     )
+
+
+def test_check_config_gives_up_on_a_store_that_never_answers(tmp_path: Path) -> None:
+    """An S3 endpoint that accepts connections and says nothing fails within --timeout (with
+    the default read_timeout and retries it took ~9 minutes), in one line naming it."""
+    need_module("aiobotocore")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        cfg = write_config(
+            tmp_path / "traind.toml", run="r", output_dir=tmp_path / "out",
+            state_dir=tmp_path / "state",
+            storage=f'type = "s3"\nbucket = "b"\nendpoint_url = "{endpoint}"\n'
+                    'access_key_id = "k"\nsecret_access_key = "s"\nregion = "us-east-1"',
+        )
+        started = time.monotonic()
+        result = traind("check-config", "-c", str(cfg), "--timeout", "2")
+        took = time.monotonic() - started
+    assert result.returncode == 1
+    assert "no complete answer within 2 s" in result.stderr
+    assert endpoint in result.stderr
+    assert "Traceback" not in result.stderr
+    assert took < 20
