@@ -40,13 +40,6 @@ EXAMPLES = {
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
-def _config_arg(value: str) -> str:
-    """``-c``'s value: an empty one (``-c "$UNSET"``) must not quietly mean the default file."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("empty path; give the config file's path")
-    return value
-
-
 def _seconds_arg(value: str) -> float:
     """``--watch``'s value: a positive, finite number of seconds (0 or nan would spin)."""
     try:
@@ -72,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-c",
         "--config",
         metavar="PATH",
-        type=_config_arg,
+        type=config.path_arg,
         help=f"config file (default: $TRAIND_CONFIG or {config.DEFAULT_CONFIG})",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

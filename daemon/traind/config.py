@@ -7,6 +7,7 @@ problem in a bad file is reported at once, naming the key, the value and what is
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import tomllib
@@ -320,6 +321,14 @@ class Settings(BaseSettings):
 def config_path(explicit: str | Path | None = None) -> Path:
     """The config file to use: the explicit one, else ``$TRAIND_CONFIG``, else the default."""
     return Path(explicit or os.environ.get("TRAIND_CONFIG") or DEFAULT_CONFIG)
+
+
+def path_arg(value: str) -> str:
+    """A ``-c/--config`` value (argparse ``type``): an empty one (``-c "$UNSET"``) must not
+    quietly mean the default file."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("empty path; give the config file's path")
+    return value
 
 
 def load(path: Path) -> Settings:

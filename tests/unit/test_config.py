@@ -10,6 +10,7 @@ import pytest
 from traind import config
 from traind.config import LocalStorage
 from traind.errors import ConfigError
+from traind.launch import config as launch_config
 
 MINIMAL = """
 [run]
@@ -150,6 +151,10 @@ def test_non_utf8_file_names_the_file_and_offset(tmp_path: Path) -> None:
     assert info.value.problems == [
         f"not UTF-8 text, as TOML must be: byte 0xe9 at offset {offset} (line {line})"
     ]
+    launch = tmp_path / "launch.toml"
+    launch.write_bytes(b'backend = "local"\n# \xff\n')
+    with pytest.raises(ConfigError, match=r"byte 0xff at offset 20 \(line 2\)"):
+        launch_config.load(launch)  # traind launch reads its file the same way
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from traind.config import path_arg
 from traind.errors import TraindError
 from traind.launch import config as launch_config
 from traind.launch import flow, manage
@@ -43,12 +44,12 @@ def add_launch_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     config_help = "launch.toml (default ./launch.toml; for actions, the one saved at launch)"
-    launch.add_argument("-c", "--config", metavar="PATH", help=config_help)
+    launch.add_argument("-c", "--config", metavar="PATH", type=path_arg, help=config_help)
     launch.add_argument("--name", help="launch name (default: name in launch.toml)")
     launch.add_argument("--detach", action="store_true", help="return once traind runs")
     actions = launch.add_subparsers(dest="launch_action", metavar="ACTION")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-c", "--config", metavar="PATH", help=config_help,
+    common.add_argument("-c", "--config", metavar="PATH", type=path_arg, help=config_help,
                         default=argparse.SUPPRESS)  # keeps a -c given before the action
     actions.add_parser("list", help="list saved launches")
     status = actions.add_parser("status", parents=[common], help="host state, traind, last commit")

@@ -8,7 +8,6 @@ saved launch keeps working from any directory.
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from traind.config import Section
+from traind.config import Section, read_toml
 from traind.errors import ConfigError
 from traind.launch.base import Constraints
 from traind.storage.keys import check_component
@@ -200,12 +199,7 @@ class LaunchConfig(Section):
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> LaunchConfig:
     """Read and validate launch.toml; raise ConfigError listing every problem."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError([f"cannot read {path}: {exc.strerror or exc}"], str(path)) from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([f"not valid TOML: {exc}"], str(path)) from exc
+    data = read_toml(path)
     data.update(overrides or {})
     for section in ("constraints", "host", "install", "pull", "vast", "ssh"):
         data.setdefault(section, {})  # validated here, so default paths resolve beside the file
