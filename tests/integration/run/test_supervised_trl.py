@@ -49,8 +49,9 @@ def _needs_trl() -> None:
 
 @pytest.mark.parametrize("fault", ["crash_at_step", "hang_at_step"])
 def test_fault_mid_run_resumes_from_committed(tmp_path: Path, fault: str) -> None:
-    """A crash (or a hang) at step 3 is followed by a restart that resumes from a committed
-    checkpoint — global_step continues to the end instead of starting again from 0."""
+    """A crash (or a hang) at step 3 is followed by a restart that resumes from a complete
+    checkpoint (committed, or complete and waiting for its upload) — global_step continues to
+    the end instead of starting again from 0, and every checkpoint is committed once."""
     out, store, cfg = setup(
         tmp_path, extra=trainer_section(tmp_path / "out", max_steps=6, **{fault: 3})
     )
@@ -67,13 +68,14 @@ def test_fault_mid_run_resumes_from_committed(tmp_path: Path, fault: str) -> Non
     assert resumed[1].startswith(str(out / "checkpoint-"))
     resume_tag = Path(resumed[1]).name
     events = [e.get("event") for e in daemon.events]
-    committed_at = next(
+    complete_at = next(
         i
         for i, e in enumerate(daemon.events)
-        if e.get("event") == "checkpoint_committed" and e["tag"] == resume_tag
+        if e.get("event") == "checkpoint_complete" and e["tag"] == resume_tag
     )
     relaunched_at = [i for i, name in enumerate(events) if name == "trainer_launch"][1]
-    assert committed_at < relaunched_at  # it resumed from a checkpoint already committed
+    assert complete_at < relaunched_at  # it resumed from a checkpoint already complete
+    assert not daemon.named("checkpoint_rewritten")  # and saved none of them again
     assert final_step(out) == 6
     assert sorted(stored(store, "exp")) == [f"checkpoint-{n}" for n in range(1, 7)]
     assert daemon.named("run_complete")
