@@ -360,6 +360,7 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def validate(data: dict[str, Any], source: str = "") -> Settings:
     """Validate already-parsed config data (plus environment overrides)."""
+    misnamed = _unknown_env_sections()
     try:
         settings = Settings(**data)
     except SettingsError as exc:  # an override that could not even be parsed
@@ -370,11 +371,24 @@ def validate(data: dict[str, Any], source: str = "") -> Settings:
             problems = ["this is a `traind launch` file (top-level `backend`, no [storage]): "
                         "use it with `traind launch -c`; traind's own config is the file its "
                         "[run] traind_config names"]
-        raise ConfigError(problems, source) from exc
-    problems = _overlaps(settings)
+        raise ConfigError(misnamed + problems, source) from exc
+    problems = misnamed + _overlaps(settings)
     if problems:
         raise ConfigError(problems, source)
     return settings
+
+
+def _unknown_env_sections() -> list[str]:
+    """TRAIND_<SECTION>__<KEY> variables naming no section: pydantic-settings would ignore
+    them, so a typo (TRAIND_RETENTON__KEEP_LAST) would silently change nothing."""
+    sections = list(Settings.model_fields)
+    problems = []
+    for name in sorted(os.environ):
+        head, sep, _ = name.upper().removeprefix(ENV_PREFIX).partition("__")
+        if name.upper().startswith(ENV_PREFIX) and sep and head.lower() not in sections:
+            problems.append(f"${name}: no section {head.lower()!r} to override (sections: "
+                            f"{', '.join(sections)})")
+    return problems
 
 
 def _overlaps(settings: Settings) -> list[str]:

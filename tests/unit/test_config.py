@@ -343,3 +343,16 @@ def test_missing_storage_type_lists_the_types(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, MINIMAL.replace('type = "local"\n', "")))
     assert info.value.problems == ["storage.type: required key is missing; one of local, s3, ssh"]
+
+
+def test_an_override_naming_no_section_is_a_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in an override's section would otherwise be ignored without a word."""
+    monkeypatch.setenv("TRAIND_RETENTON__KEEP_LAST", "3")
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MINIMAL))
+    assert info.value.problems == [
+        "$TRAIND_RETENTON__KEEP_LAST: no section 'retenton' to override (sections: run, "
+        "checkpoints, storage, retention, status, vllm, services, trainer)"
+    ]
