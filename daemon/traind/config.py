@@ -22,6 +22,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
@@ -57,6 +58,12 @@ def _absolute(value: object) -> object:
 
 Directory = Annotated[Path, BeforeValidator(_absolute)]
 """A directory traind writes in or deletes from: absolute, never empty."""
+
+
+def _check_backoff(initial: float, cap: float) -> None:
+    """Refuse a first backoff above its cap (every wait would silently be the cap)."""
+    if initial > cap:
+        raise ValueError(f"backoff_initial ({initial:g} s) is above backoff_max ({cap:g} s)")
 
 
 class Section(BaseModel):
@@ -148,6 +155,11 @@ class SSHStorage(Section):
     backoff_initial: Duration = 0.5
     backoff_max: Duration = 30.0
 
+    @model_validator(mode="after")
+    def _backoff(self) -> SSHStorage:
+        _check_backoff(self.backoff_initial, self.backoff_max)
+        return self
+
     @field_validator("host", "user")
     @classmethod
     def _no_option_lookalike(cls, v: str | None) -> str | None:
@@ -216,6 +228,11 @@ class RestartConfig(Section):
     max_restarts: int = Field(default=5, ge=0)
     window: PositiveDuration = 3600.0
     stable_after: PositiveDuration = 600.0
+
+    @model_validator(mode="after")
+    def _backoff(self) -> RestartConfig:
+        _check_backoff(self.backoff_initial, self.backoff_max)
+        return self
 
 
 class ChildConfig(Section):

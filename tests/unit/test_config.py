@@ -356,3 +356,15 @@ def test_an_override_naming_no_section_is_a_problem(
         "$TRAIND_RETENTON__KEEP_LAST: no section 'retenton' to override (sections: run, "
         "checkpoints, storage, retention, status, vllm, services, trainer)"
     ]
+
+
+def test_a_backoff_above_its_cap_is_a_problem(tmp_path: Path) -> None:
+    """backoff_initial > backoff_max would silently wait the cap every time."""
+    text = MINIMAL + (
+        '\n[trainer]\ncommand = ["t"]\nrestart = { backoff_initial = "10m", backoff_max = "1m" }\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text))
+    assert info.value.problems == [
+        "trainer.restart: backoff_initial (600 s) is above backoff_max (60 s)"
+    ]
