@@ -201,6 +201,9 @@ class Daemon:
         await asyncio.sleep(
             self.settings.checkpoints.settle + 2 * self.settings.checkpoints.poll_interval
         )
+        if self.streamer.pending:
+            log.info("run_waiting_for_uploads", checkpoints=self.streamer.pending,
+                     hint="the daemon exits once every checkpoint is committed")
         await self.streamer.wait_idle()
         log.info(
             "run_complete",

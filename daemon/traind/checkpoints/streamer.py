@@ -58,6 +58,8 @@ class Streamer:
         self.on_rewritten: OnRewritten | None = None
         """Told the tag of a checkpoint written again after it was complete (the watcher
         looks at it anew)."""
+        self._pending: set[str] = set()
+        """Tags to commit: queued, in flight, or waiting to be retried."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._commit_lock = asyncio.Lock()
@@ -111,10 +113,12 @@ class Streamer:
         """The snapshot of ``tag`` is final: queue it for upload."""
         await self._journal.set_state(tag, "ready")
         log.info("checkpoint_complete", tag=tag, step=step)
-        self._queue.put_nowait(tag)
+        self.enqueue(tag)
 
     def enqueue(self, tag: str) -> None:
-        """Queue an already-ready checkpoint (after a restart)."""
+        """Queue a ready checkpoint (also one found ready after a restart)."""
+        self._pending.add(tag)
+        self._idle.clear()
         self._queue.put_nowait(tag)
 
     # -- upload loop ------------------------------------------------------------------------
@@ -123,21 +127,29 @@ class Streamer:
         """Commit queued checkpoints one at a time, until cancelled."""
         while True:
             tag = await self._queue.get()
-            self._idle.clear()
             try:
                 await self.commit(tag)
                 self._failures.pop(tag, None)
+                self._pending.discard(tag)
             except snapshot.RewrittenError as exc:
                 await self._rewritten(exc)
+                self._pending.discard(tag)  # the watcher has it again
             except (StorageError, OSError) as exc:
-                self._retry_later(tag, exc)
+                self._retry_later(tag, exc)  # still pending
             finally:
                 self.current = None
-                if self._queue.empty():
+                if not self._pending:
                     self._idle.set()
 
+    @property
+    def pending(self) -> int:
+        """How many checkpoints are still to be committed (queued, in flight, or waiting
+        for a retry after a failed upload)."""
+        return len(self._pending)
+
     async def wait_idle(self) -> None:
-        """Return once nothing is queued or in flight."""
+        """Return once every checkpoint handed over is committed: nothing queued, in
+        flight, or waiting for a retry."""
         await self._idle.wait()
 
     def _retry_later(self, tag: str, exc: BaseException) -> None:
