@@ -9,6 +9,10 @@ from pathlib import Path
 
 from tests.support.daemon import write_config
 
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.streamer import Streamer
+from traind.storage.base import Storage
+
 
 def write_checkpoint(
     out: Path, step: int, size: int = 64 * 1024, nfiles: int = 2
@@ -48,3 +52,23 @@ def setup(tmp_path: Path, extra: str = "", storage_extra: str = "") -> tuple[Pat
         extra=extra,
     )
     return out, store, cfg
+
+
+def rewrite(path: Path, data: bytes) -> str:
+    """Write ``data`` over ``path`` in place (same inode, as torch.save does); its sha256."""
+    with open(path, "r+b") as f:
+        f.truncate(0)
+        f.write(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+async def commit_through_streamer(tmp_path: Path, store: Storage, step: int) -> Journal:
+    """Write checkpoint-``step`` in tmp_path/out and commit it as the daemon would."""
+    journal = Journal.in_state_dir(tmp_path / "state")
+    streamer = Streamer("r", tmp_path / "state", store, journal)
+    write_checkpoint(tmp_path / "out", step)
+    tag = f"checkpoint-{step}"
+    await streamer.stage(tag, step, tmp_path / "out" / tag)
+    await journal.set_state(tag, "ready")
+    await streamer.commit(tag)
+    return journal

@@ -188,15 +188,21 @@ class Journal:
         )
 
     async def record_committed(self, tag: str, step: int, source: Path, backend: str) -> None:
-        """Record a checkpoint known to be committed (restored, or found in the store)."""
+        """Record a checkpoint restored to ``source`` from the store: committed, its files
+        verified against the manifest (an earlier snapshot's files are forgotten)."""
         await self._run(
             self._tx,
-            [(
-                "INSERT INTO checkpoints (tag, step, source, state, backend, updated_at) "
-                "VALUES (?, ?, ?, 'committed', ?, ?) ON CONFLICT (tag) DO UPDATE SET "
-                "state = 'committed', backend = excluded.backend, updated_at = excluded.updated_at",
-                (tag, step, str(source), backend, time.time()),
-            )],
+            [
+                (
+                    "INSERT INTO checkpoints (tag, step, source, state, backend, updated_at) "
+                    "VALUES (?, ?, ?, 'committed', ?, ?) ON CONFLICT (tag) DO UPDATE SET "
+                    "state = 'committed', source = excluded.source, "
+                    "backend = excluded.backend, updated_at = excluded.updated_at",
+                    (tag, step, str(source), backend, time.time()),
+                ),
+                ("DELETE FROM files WHERE tag = ?", (tag,)),
+                ("DELETE FROM resume WHERE tag = ?", (tag,)),
+            ],
         )
 
     async def begin_upload(self, tag: str, backend: str) -> None:

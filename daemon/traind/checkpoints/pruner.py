@@ -10,6 +10,7 @@ from pathlib import Path
 
 import structlog
 
+from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.restore import newest
 from traind.checkpoints.retention import Candidate, Verdict, plan_local, plan_remote
@@ -39,8 +40,9 @@ async def plan(
     """Work out what retention would delete now, and why everything else stays.
 
     A directory in ``output_dir`` counts as committed only when the journal says it was
-    stored from there (or restored there): a directory that merely shares a committed
-    tag's name (another run's, or one the trainer saved again) is never deleted.
+    stored from there (or restored there) and its files are still the size and mtime they
+    were snapshot with: a directory that merely shares a committed tag's name (another
+    run's, or one the trainer saved again) is never deleted.
     ``protected`` tags stay on disk (the trainer's resume point)."""
     manifests = await storage.manifests()
     latest = newest(manifests)
@@ -50,6 +52,9 @@ async def plan(
     committed = {
         e.tag for e in await journal.entries("committed", "pruning", "pruned")
         if e.source.resolve() == here / e.tag
+        and not await asyncio.to_thread(
+            snapshot.rewritten, output_dir / e.tag, await journal.files(e.tag)
+        )
     }
     present = await asyncio.to_thread(candidates, output_dir, pattern)
     local = plan_local(

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import structlog
 
+from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import find, newest, restore
-from traind.checkpoints.snapshot import observe
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import candidates
 from traind.config import CheckpointsConfig
@@ -24,7 +24,7 @@ def local_checkpoints(output_dir: Path, config: CheckpointsConfig) -> dict[str, 
     """Complete-looking checkpoint directories in ``output_dir`` (a marker present)."""
     found = {}
     for tag, step in candidates(output_dir, config.pattern).items():
-        seen = observe(output_dir / tag, config.markers)
+        seen = snapshot.observe(output_dir / tag, config.markers)
         if seen is not None and seen.marked:
             found[tag] = step
     return found
@@ -93,20 +93,24 @@ async def resume_point(
     """The newest complete checkpoint as a local directory the trainer can resume from;
     None before the first.
 
-    Complete means committed, or complete and waiting for its upload (``ready``) while still
-    on disk: resuming from an older one would make the trainer save the waiting ones again,
-    over the files their snapshots share. A committed one no longer on disk is restored
-    from the store first.
+    Complete means committed, or complete and waiting for its upload (``ready``), and on
+    disk as it was snapshot: resuming from an older one would make the trainer save the
+    waiting ones again, over the files their snapshots share, and a directory saved again
+    since (perhaps torn by a crash mid-save) is no resume point. A committed one missing
+    or changed on disk is restored from the store first.
     """
     for entry in reversed(await journal.entries("committed", "ready")):
         path = output_dir / entry.tag
-        seen = await asyncio.to_thread(observe, path, config.markers)
-        if seen is not None and seen.marked:
+        seen = await asyncio.to_thread(snapshot.observe, path, config.markers)
+        changed = await asyncio.to_thread(snapshot.rewritten, path, await journal.files(entry.tag))
+        if seen is not None and seen.marked and not changed:
             return path
         if entry.state == "committed":
-            log.info("restore_starting", tag=entry.tag, step=entry.step,
-                     reason="resume point missing")
+            missing = seen is None or not seen.marked
+            reason = "resume point missing" if missing else f"saved again: {', '.join(changed)}"
+            log.info("restore_starting", tag=entry.tag, step=entry.step, reason=reason)
             await asyncio.to_thread(shutil.rmtree, path, True)
             await restore(storage, await find(storage, entry.tag), output_dir)
+            await journal.record_committed(entry.tag, entry.step, path, storage.describe)
             return path
     return None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-from tests.support.checkpoints import write_checkpoint
+from tests.support.checkpoints import commit_through_streamer, rewrite, write_checkpoint
 
 from traind.checkpoints import pruner
 from traind.checkpoints.journal import Journal
@@ -55,3 +56,21 @@ async def test_a_delete_cut_short_is_finished_by_the_next_prune(tmp_path: Path) 
     assert store.objects == {}
     assert entry is not None
     assert entry.state == "pruned"
+
+
+async def test_a_committed_directory_saved_again_is_not_deleted(tmp_path: Path) -> None:
+    """The trainer saved checkpoint-1 again after it was committed: the directory on disk is
+    no longer what the store holds, so local retention keeps it."""
+    store = MemoryBackend()
+    journal = await commit_through_streamer(tmp_path, store, 1)
+    out = tmp_path / "out"
+    try:
+        await asyncio.sleep(0.02)
+        rewrite(out / "checkpoint-1" / "shard-1.bin", b"saved again")
+        write_checkpoint(out, 2)
+        plan = await pruner.prune(store, journal, RetentionConfig(keep_local=1), out,
+                                  "checkpoint-*")
+    finally:
+        journal.close()
+    assert {v.tag: v.keep for v in plan.local} == {"checkpoint-2": True, "checkpoint-1": True}
+    assert (out / "checkpoint-1" / "shard-1.bin").read_bytes() == b"saved again"

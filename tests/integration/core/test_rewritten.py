@@ -7,13 +7,13 @@ it again, and commits what the trainer wrote last."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
-from tests.support.checkpoints import write_checkpoint
+from structlog.testing import capture_logs
+from tests.support.checkpoints import commit_through_streamer, rewrite, write_checkpoint
 
 from traind.app import Daemon
 from traind.checkpoints import snapshot
@@ -73,14 +73,6 @@ async def store(tmp_path: Path) -> AsyncIterator[GatedStore]:
         store.gate.set()
         async with asyncio.timeout(20):
             await task
-
-
-def rewrite(path: Path, data: bytes) -> str:
-    """Write ``data`` over ``path`` in place (same inode, as torch.save does); its sha256."""
-    with open(path, "r+b") as f:
-        f.truncate(0)
-        f.write(data)
-    return hashlib.sha256(data).hexdigest()
 
 
 async def test_rewritten_checkpoint_is_snapshot_again_and_committed_as_last_saved(
@@ -145,3 +137,26 @@ async def test_trainer_resumes_from_newest_complete_checkpoint_not_yet_stored(
         assert await resume_point(store, journal, out, s.checkpoints) == out / "checkpoint-2"
     finally:
         journal.close()
+
+
+async def test_a_resume_point_saved_again_since_committed_is_restored(tmp_path: Path) -> None:
+    """A trainer killed while saving a committed checkpoint again leaves it torn: it is not
+    resumed from, but replaced by the store's copy (once: the restored copy is then the
+    journal's)."""
+    store = MemoryBackend()
+    journal = await commit_through_streamer(tmp_path, store, 6)
+    out = tmp_path / "out"
+    shard = out / "checkpoint-6" / "shard-0.bin"
+    good = store.objects["checkpoint-6/shard-0.bin"]
+    try:
+        await asyncio.sleep(0.02)
+        rewrite(shard, good[:1000])  # torn: cut short mid-save
+        with capture_logs() as logs:
+            for _ in range(2):
+                path = await resume_point(store, journal, out, settings(tmp_path).checkpoints)
+                assert path == out / "checkpoint-6"
+    finally:
+        journal.close()
+    assert shard.read_bytes() == good
+    restores = [e for e in logs if e["event"] == "restore_starting"]
+    assert [e["reason"] for e in restores] == ["saved again: shard-0.bin"]
