@@ -71,7 +71,8 @@ async def test_upload_refuses_changed_host_key_without_retrying(
     other = keygen(tmp_path / "other_host_key")
     known_hosts = tmp_path / "stale_known_hosts"
     known_hosts.write_text(sshd.known_hosts_line(other.public) + "\n")
-    backend = make_backend(sshd, known_hosts=known_hosts, retries=5, backoff_initial=2)
+    backend = make_backend(sshd, known_hosts=known_hosts, retries=5, backoff_initial=2,
+                           backoff_max=2)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "a.bin").write_bytes(b"a")
     from traind.storage.base import LocalFile

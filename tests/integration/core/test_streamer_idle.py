@@ -1,0 +1,54 @@
+"""``exit_when_done`` and shutdown wait for the streamer to be idle: every checkpoint
+committed, also one whose upload failed and waits for its retry."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.support.checkpoints import write_checkpoint
+
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.streamer import Streamer
+from traind.errors import TransientStorageError
+from traind.storage.base import LocalFile, UploadSession
+from traind.storage.memory import MemoryBackend
+
+
+class FailingStore(MemoryBackend):
+    """A memory store whose first ``failures`` uploads fail as if the network dropped."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise TransientStorageError("connection reset (test)")
+        await super().upload(tag, root, files, session)
+
+
+async def test_idle_waits_for_a_retried_upload(tmp_path: Path) -> None:
+    """A checkpoint whose first two uploads fail is still pending while it waits for its
+    retries: ``wait_idle`` (what exit_when_done and shutdown wait on) returns only once it
+    is committed."""
+    store = FailingStore(failures=2)
+    journal = Journal.in_state_dir(tmp_path / "state")
+    streamer = Streamer("r", tmp_path / "state", store, journal, retry_initial=0.2)
+    write_checkpoint(tmp_path / "out", 1)
+    running = asyncio.create_task(streamer.run())
+    try:
+        await streamer.stage("checkpoint-1", 1, tmp_path / "out" / "checkpoint-1")
+        await streamer.complete("checkpoint-1", 1)
+        async with asyncio.timeout(20):
+            await streamer.wait_idle()
+        assert list(store.manifest_by_tag) == ["checkpoint-1"]
+        assert store.failures == 0
+        assert streamer.pending == 0
+    finally:
+        running.cancel()
+        journal.close()
