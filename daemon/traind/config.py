@@ -12,7 +12,7 @@ import itertools
 import os
 import tomllib
 from pathlib import Path, PurePath
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import (
     BaseModel,
@@ -60,16 +60,26 @@ Directory = Annotated[Path, BeforeValidator(_absolute)]
 """A directory traind writes in or deletes from: absolute, never empty."""
 
 
-def _check_backoff(initial: float, cap: float) -> None:
-    """Refuse a first backoff above its cap (every wait would silently be the cap)."""
-    if initial > cap:
-        raise ValueError(f"backoff_initial ({initial:g} s) is above backoff_max ({cap:g} s)")
-
-
 class Section(BaseModel):
     """Base of every config section: frozen, and unknown keys are errors (typos are caught)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Backoff(Section):
+    """A section with capped exponential backoff (``traind.backoff.doubling``); each one
+    sets its own defaults for the two keys."""
+
+    backoff_initial: Duration
+    backoff_max: Duration
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        # A first wait above its cap would silently make every wait the cap.
+        if self.backoff_initial > self.backoff_max:
+            raise ValueError(f"backoff_initial ({self.backoff_initial:g} s) is above "
+                             f"backoff_max ({self.backoff_max:g} s)")
+        return self
 
 
 class RunConfig(Section):
@@ -136,7 +146,7 @@ class S3Storage(Section):
         return v
 
 
-class SSHStorage(Section):
+class SSHStorage(Backoff):
     """``[storage] type = "ssh"``: a host reachable over SSH (SFTP, or rsync)."""
 
     type: Literal["ssh"]
@@ -154,11 +164,6 @@ class SSHStorage(Section):
     retries: int = Field(default=8, ge=0, description="reconnects per operation, then fail")
     backoff_initial: Duration = 0.5
     backoff_max: Duration = 30.0
-
-    @model_validator(mode="after")
-    def _backoff(self) -> SSHStorage:
-        _check_backoff(self.backoff_initial, self.backoff_max)
-        return self
 
     @field_validator("host", "user")
     @classmethod
@@ -218,7 +223,7 @@ class HealthConfig(Section):
     ready_timeout: PositiveDuration = 900.0
 
 
-class RestartConfig(Section):
+class RestartConfig(Backoff):
     """When and how fast a child is restarted (a backoff of 0 restarts at once; a window or
     stable_after of 0 would switch the max_restarts limit off, so they must be positive)."""
 
@@ -228,11 +233,6 @@ class RestartConfig(Section):
     max_restarts: int = Field(default=5, ge=0)
     window: PositiveDuration = 3600.0
     stable_after: PositiveDuration = 600.0
-
-    @model_validator(mode="after")
-    def _backoff(self) -> RestartConfig:
-        _check_backoff(self.backoff_initial, self.backoff_max)
-        return self
 
 
 class ChildConfig(Section):

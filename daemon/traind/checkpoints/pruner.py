@@ -48,15 +48,15 @@ async def plan(
     latest = newest(manifests)
     best = latest.trainer.best_tag if latest else None
     remote = plan_remote([Candidate(m.tag, m.step) for m in manifests], policy, best)
+    present = await asyncio.to_thread(candidates, output_dir, pattern)
     here = output_dir.resolve()
     committed = {
         e.tag for e in await journal.entries("committed", "pruning", "pruned")
-        if e.source.resolve() == here / e.tag
+        if e.tag in present and e.source.resolve() == here / e.tag
         and not await asyncio.to_thread(
             snapshot.rewritten, output_dir / e.tag, await journal.files(e.tag)
         )
     }
-    present = await asyncio.to_thread(candidates, output_dir, pattern)
     local = plan_local(
         [Candidate(t, s) for t, s in present.items()], committed, policy.keep_local, protected
     )

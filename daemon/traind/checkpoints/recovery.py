@@ -102,12 +102,15 @@ async def resume_point(
     for entry in reversed(await journal.entries("committed", "ready")):
         path = output_dir / entry.tag
         seen = await asyncio.to_thread(snapshot.observe, path, config.markers)
-        changed = await asyncio.to_thread(snapshot.rewritten, path, await journal.files(entry.tag))
-        if seen is not None and seen.marked and not changed:
+        if seen is None or not seen.marked:
+            reason = "resume point missing"
+        elif changed := await asyncio.to_thread(
+            snapshot.rewritten, path, await journal.files(entry.tag)
+        ):
+            reason = f"saved again: {', '.join(changed)}"
+        else:
             return path
         if entry.state == "committed":
-            missing = seen is None or not seen.marked
-            reason = "resume point missing" if missing else f"saved again: {', '.join(changed)}"
             log.info("restore_starting", tag=entry.tag, step=entry.step, reason=reason)
             await asyncio.to_thread(shutil.rmtree, path, True)
             await restore(storage, await find(storage, entry.tag), output_dir)
