@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.support.daemon import write_config
 
+from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.storage.base import Storage
@@ -62,9 +63,14 @@ def rewrite(path: Path, data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def run_in(tmp_path: Path) -> RunIdentity:
+    """The run of a test's journal: ``r``, writing its checkpoints to tmp_path/out."""
+    return RunIdentity("r", tmp_path / "out", "memory:")
+
+
 async def commit_through_streamer(tmp_path: Path, store: Storage, step: int) -> Journal:
     """Write checkpoint-``step`` in tmp_path/out and commit it as the daemon would."""
-    journal = Journal.in_state_dir(tmp_path / "state")
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     streamer = Streamer("r", tmp_path / "state", store, journal)
     write_checkpoint(tmp_path / "out", step)
     tag = f"checkpoint-{step}"
