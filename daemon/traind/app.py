@@ -111,6 +111,7 @@ class Daemon:
         log.info(
             "daemon_starting",
             run=s.run.name,
+            run_key=self.journal.run.key,
             output_dir=str(s.run.output_dir),
             state_dir=str(s.run.state_dir),
             backend=self.storage.describe,

@@ -7,6 +7,8 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+from structlog.testing import capture_logs
+
 from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.checkpoints.journal import Journal, StagedFile
 from traind.storage.base import LocalFile
@@ -149,7 +151,8 @@ def test_old_journal_is_migrated_and_claimed_only_by_its_run(tmp_path: Path) -> 
     before = raw_rows(path)
 
     async def main() -> None:
-        jb = Journal(path, b)
+        with capture_logs() as migrated:
+            jb = Journal(path, b)
         try:
             assert await jb.entries() == []
             assert await jb.resume_states() == []
@@ -157,7 +160,8 @@ def test_old_journal_is_migrated_and_claimed_only_by_its_run(tmp_path: Path) -> 
             jb.close()
         assert raw_rows(path) == before
         assert snapshot.is_dir()
-        ja = Journal(path, a)
+        with capture_logs() as claimed:
+            ja = Journal(path, a)
         try:
             assert [(e.tag, e.state) for e in await ja.entries()] == [
                 ("checkpoint-1", "committed"), ("checkpoint-2", "ready")
@@ -169,6 +173,8 @@ def test_old_journal_is_migrated_and_claimed_only_by_its_run(tmp_path: Path) -> 
         finally:
             ja.close()
         assert raw_rows(path) == before
+        assert [e["event"] for e in migrated] == ["journal_migrated"]
+        assert [e["tags"] for e in claimed] == [["checkpoint-1", "checkpoint-2"]]
         moved = staging_dir(state, a) / "checkpoint-2"
         assert (moved / "model.bin").read_bytes() == b"x" * 20
         assert not snapshot.exists()

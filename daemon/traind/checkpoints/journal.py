@@ -27,12 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
+import structlog
+
 from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.storage.base import LocalFile
 
 State = Literal["staged", "ready", "committed", "pruning", "pruned"]
 P = ParamSpec("P")
 T = TypeVar("T")
+log = structlog.get_logger("traind.journal")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -104,6 +107,7 @@ class Journal:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.run = run
         self._key = run.key
+        self._path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -133,6 +137,7 @@ class Journal:
         every row is kept, with the legacy run (another process may have done it first)."""
         if "run" in self._columns("checkpoints"):
             return
+        log.info("journal_migrated", to="runs kept apart", path=str(self._path))
         for table in _TABLES:
             self._db.execute(f"ALTER TABLE {table} RENAME TO {table}_before_runs")
         for statement in _SCHEMA.split(";")[:-1]:
@@ -156,6 +161,7 @@ class Journal:
         ).fetchall()
         mine = {tag for (tag,) in self._db.execute(
             "SELECT tag FROM checkpoints WHERE run = ?", (self._key,))}
+        claimed = []
         for tag, source, backend in rows:
             if (
                 tag in mine
@@ -172,6 +178,10 @@ class Journal:
                     f"UPDATE {table} SET run = ? WHERE run = ? AND tag = ?",
                     (self._key, _LEGACY, tag),
                 )
+            claimed.append(tag)
+        if claimed:
+            log.info("journal_records_claimed", run=self._key, tags=claimed,
+                     reason="written before runs were kept; from this output_dir and store")
 
     @classmethod
     def in_state_dir(cls, state_dir: Path, run: RunIdentity) -> Journal:

@@ -119,3 +119,26 @@ def test_recovery_never_removes_another_runs_staging(tmp_path: Path) -> None:
         assert "checkpoint-4" in store.manifest_by_tag
 
     asyncio.run(main())
+
+
+def test_another_runs_snapshot_does_not_ack_this_runs_trainer(tmp_path: Path) -> None:
+    """A snapshot of run b (``traind push`` of the same tag, say) is not an ack for run a's
+    trainer, which would then rotate its own checkpoint away before it is snapshot."""
+    state = tmp_path / "state"
+    a = RunIdentity("a", tmp_path / "out-a", "memory:")
+    b = RunIdentity("b", tmp_path / "out-b", "memory:")
+
+    async def main() -> None:
+        ja, jb = Journal.in_state_dir(state, a), Journal.in_state_dir(state, b)
+        try:
+            streamer_a = Streamer("a", state, MemoryBackend(), ja)
+            streamer_b = Streamer("b", state, MemoryBackend(), jb)
+            write_checkpoint(b.output_dir, 5)
+            await streamer_b.stage("checkpoint-5", 5, b.output_dir / "checkpoint-5")
+            assert (streamer_b.acks / "checkpoint-5").exists()
+            assert not (streamer_a.acks / "checkpoint-5").exists()
+        finally:
+            ja.close()
+            jb.close()
+
+    asyncio.run(main())
