@@ -174,7 +174,7 @@ def test_old_journal_is_migrated_and_claimed_only_by_its_run(tmp_path: Path) -> 
             ja.close()
         assert raw_rows(path) == before
         assert [e["event"] for e in migrated] == ["journal_migrated"]
-        assert [e["tags"] for e in claimed] == [["checkpoint-1", "checkpoint-2"]]
+        assert [(e["checkpoints"], e["pending"]) for e in claimed] == [(2, ["checkpoint-2"])]
         moved = staging_dir(state, a) / "checkpoint-2"
         assert (moved / "model.bin").read_bytes() == b"x" * 20
         assert not snapshot.exists()

@@ -157,12 +157,12 @@ class Journal:
         snapshots move from the old shared staging into this run's. Any other legacy row
         stays as it was, for the run it belongs to."""
         rows = self._db.execute(
-            "SELECT tag, source, backend FROM checkpoints WHERE run = ?", (_LEGACY,)
+            "SELECT tag, source, backend, state FROM checkpoints WHERE run = ?", (_LEGACY,)
         ).fetchall()
         mine = {tag for (tag,) in self._db.execute(
             "SELECT tag FROM checkpoints WHERE run = ?", (self._key,))}
-        claimed = []
-        for tag, source, backend in rows:
+        claimed, pending = 0, []
+        for tag, source, backend, state in rows:
             if (
                 tag in mine
                 or os.path.realpath(source) != os.path.realpath(self.run.output_dir / tag)
@@ -178,9 +178,12 @@ class Journal:
                     f"UPDATE {table} SET run = ? WHERE run = ? AND tag = ?",
                     (self._key, _LEGACY, tag),
                 )
-            claimed.append(tag)
+            claimed += 1
+            if state in ("staged", "ready"):
+                pending.append(tag)
         if claimed:
-            log.info("journal_records_claimed", run=self._key, tags=claimed,
+            log.info("journal_records_claimed", run=self._key, checkpoints=claimed,
+                     pending=pending,
                      reason="written before runs were kept; from this output_dir and store")
 
     @classmethod
