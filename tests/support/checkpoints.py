@@ -14,6 +14,32 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.storage.base import Storage
 
+OLD_JOURNAL_SCHEMA = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    tag TEXT PRIMARY KEY,
+    step INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS files (
+    tag TEXT NOT NULL,
+    path TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT,
+    mtime_ns INTEGER,
+    PRIMARY KEY (tag, path)
+);
+CREATE TABLE IF NOT EXISTS resume (
+    tag TEXT NOT NULL,
+    path TEXT NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (tag, path)
+);
+"""
+"""The journal schema of traind before runs were kept (as that version wrote it)."""
+
 
 def write_checkpoint(
     out: Path, step: int, size: int = 64 * 1024, nfiles: int = 2

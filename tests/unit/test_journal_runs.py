@@ -8,38 +8,13 @@ import sqlite3
 from pathlib import Path
 
 from structlog.testing import capture_logs
+from tests.support.checkpoints import OLD_JOURNAL_SCHEMA
 
 from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.checkpoints.journal import Journal, StagedFile
 from traind.storage.base import LocalFile
 
 STORE_A = "local:/store/a"
-
-# The schema of traind before runs were kept (copied from that version, not imported).
-OLD_SCHEMA = """
-CREATE TABLE IF NOT EXISTS checkpoints (
-    tag TEXT PRIMARY KEY,
-    step INTEGER NOT NULL,
-    source TEXT NOT NULL,
-    state TEXT NOT NULL,
-    backend TEXT,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS files (
-    tag TEXT NOT NULL,
-    path TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    sha256 TEXT,
-    mtime_ns INTEGER,
-    PRIMARY KEY (tag, path)
-);
-CREATE TABLE IF NOT EXISTS resume (
-    tag TEXT NOT NULL,
-    path TEXT NOT NULL,
-    state TEXT NOT NULL,
-    PRIMARY KEY (tag, path)
-);
-"""
 
 
 def runs(tmp_path: Path) -> tuple[RunIdentity, RunIdentity]:
@@ -101,7 +76,7 @@ def write_old_journal(path: Path, out_a: Path, out_x: Path) -> None:
     """A journal as today's traind writes it: checkpoints of run a (one committed, one
     ready with a half-sent file, one stored to another store) and one of another run."""
     db = sqlite3.connect(path)
-    db.executescript(OLD_SCHEMA)
+    db.executescript(OLD_JOURNAL_SCHEMA)
     rows = [
         ("checkpoint-1", 1, out_a / "checkpoint-1", "committed", STORE_A),
         ("checkpoint-2", 2, out_a / "checkpoint-2", "ready", None),

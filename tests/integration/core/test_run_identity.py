@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.checkpoints import stored, write_checkpoint
+from tests.support.checkpoints import OLD_JOURNAL_SCHEMA, stored, write_checkpoint
 from tests.support.daemon import DaemonProcess, write_config
 
 from traind.checkpoints import recovery
@@ -142,3 +143,34 @@ def test_another_runs_snapshot_does_not_ack_this_runs_trainer(tmp_path: Path) ->
             jb.close()
 
     asyncio.run(main())
+
+
+def test_upgraded_daemon_uploads_the_snapshot_an_old_journal_left_waiting(tmp_path: Path) -> None:
+    """A checkpoint that today's traind snapshot and left waiting for its upload (old
+    journal, old shared staging) is committed by the upgraded daemon of the same run."""
+    out, cfg = run_config(tmp_path, "a")
+    saved = write_checkpoint(out, 2)
+    source = out / "checkpoint-2"
+    snapshot = tmp_path / "state" / "staging" / "checkpoint-2"
+    snapshot.mkdir(parents=True)
+    db = sqlite3.connect(tmp_path / "state" / "journal.sqlite3")
+    db.executescript(OLD_JOURNAL_SCHEMA)
+    db.execute("INSERT INTO checkpoints VALUES ('checkpoint-2', 2, ?, 'ready', NULL, 1.0)",
+               (str(source),))
+    for path in source.iterdir():
+        os.link(path, snapshot / path.name)
+        st = path.stat()
+        db.execute("INSERT INTO files VALUES ('checkpoint-2', ?, ?, NULL, ?)",
+                   (path.name, st.st_size, st.st_mtime_ns))
+    db.commit()
+    db.close()
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for("journal_records_claimed", timeout=30)
+        daemon.wait_for("recovered_upload", timeout=30)
+        daemon.wait_for("checkpoint_committed", timeout=60)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert stored(tmp_path / "store", "a") == {"checkpoint-2": saved}
+    assert not list((tmp_path / "state" / "staging").glob("**/*.bin"))
