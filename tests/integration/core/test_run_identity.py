@@ -13,10 +13,11 @@ from pathlib import Path
 from tests.support.checkpoints import OLD_JOURNAL_SCHEMA, stored, write_checkpoint
 from tests.support.daemon import DaemonProcess, write_config
 
-from traind.checkpoints import recovery
+from traind.checkpoints import pruner, recovery
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
+from traind.config import CheckpointsConfig, RetentionConfig
 from traind.storage.memory import MemoryBackend
 
 
@@ -174,3 +175,42 @@ def test_upgraded_daemon_uploads_the_snapshot_an_old_journal_left_waiting(tmp_pa
         daemon.kill()
     assert stored(tmp_path / "store", "a") == {"checkpoint-2": saved}
     assert not list((tmp_path / "state" / "staging").glob("**/*.bin"))
+
+
+def test_resume_point_and_retention_see_only_this_runs_records(tmp_path: Path) -> None:
+    """Another run on the same state_dir neither resumes from run a's newest checkpoint
+    (same name: a's weights restored into its own output_dir) nor prunes a's local copies
+    (same output_dir: a's records are not its commits)."""
+    state = tmp_path / "state"
+    a = RunIdentity("exp", tmp_path / "out-a", "memory:")
+    same_name = RunIdentity("exp", tmp_path / "out-b", "memory:")
+    same_dir = RunIdentity("other", a.output_dir, "memory:")
+    config = CheckpointsConfig()
+
+    async def main() -> None:
+        store = MemoryBackend()
+        ja = Journal.in_state_dir(state, a)
+        try:
+            streamer_a = Streamer("exp", state, store, ja)
+            for step in (1, 2):
+                tag = f"checkpoint-{step}"
+                write_checkpoint(a.output_dir, step)
+                await streamer_a.stage(tag, step, a.output_dir / tag)
+                await ja.set_state(tag, "ready")
+                await asyncio.wait_for(streamer_a.commit(tag), timeout=30)
+        finally:
+            ja.close()
+        same_name.output_dir.mkdir()
+        for other in (same_name, same_dir):
+            journal = Journal.in_state_dir(state, other)
+            try:
+                assert await recovery.resume_point(store, journal, other.output_dir,
+                                                   config) is None
+                await pruner.prune(store, journal, RetentionConfig(keep_local=1),
+                                   other.output_dir, config.pattern)
+            finally:
+                journal.close()
+        assert list(same_name.output_dir.iterdir()) == []
+        assert sorted(p.name for p in a.output_dir.iterdir()) == ["checkpoint-1", "checkpoint-2"]
+
+    asyncio.run(main())
