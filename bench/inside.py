@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal, JournalSession
 
 
@@ -57,7 +58,7 @@ def journal_session(tag: str) -> Iterator[_Session]:
     """The upload session a daemon gives a backend for ``tag``, over a journal in a new
     temporary directory (removed afterwards); ``.done`` maps each stored file to its sha256."""
     with tempfile.TemporaryDirectory(prefix="traind-bench-state-") as state:
-        journal = Journal.in_state_dir(Path(state))
+        journal = Journal.in_state_dir(Path(state), RunIdentity("bench", Path(state), "bench"))
         try:
             yield _Session(journal, tag)
         finally:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.daemon import DaemonProcess, write_config
 
+from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
@@ -63,7 +64,8 @@ def timed(fn: object) -> float:
 
 async def traind_commit(src: Path, work: Path) -> float:
     storage = LocalBackend(LocalStorage(path=work / "store"), "bench")
-    journal = Journal(work / "state/journal.sqlite3")
+    run = RunIdentity("bench", src.parent, storage.describe)
+    journal = Journal(work / "state/journal.sqlite3", run)
     streamer = Streamer("bench", work / "state", storage, journal)
     started = time.perf_counter()
     assert await streamer.stage(src.name, 1, src) is StageResult.STAGED

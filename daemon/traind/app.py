@@ -17,6 +17,7 @@ import structlog
 
 from traind import config
 from traind.checkpoints import pruner, recovery
+from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.streamer import Streamer
@@ -52,7 +53,7 @@ class Daemon:
         state_dir = settings.run.state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _lock_state_dir(state_dir)
-        self.journal = Journal.in_state_dir(state_dir)
+        self.journal = Journal.in_state_dir(state_dir, RunIdentity.of(settings, self.storage))
         self.streamer = Streamer(
             settings.run.name, state_dir, self.storage, self.journal, self._committed
         )
@@ -110,6 +111,7 @@ class Daemon:
         log.info(
             "daemon_starting",
             run=s.run.name,
+            run_key=self.journal.run.key,
             output_dir=str(s.run.output_dir),
             state_dir=str(s.run.state_dir),
             backend=self.storage.describe,
@@ -128,6 +130,7 @@ class Daemon:
             become_subreaper()
             self.supervisor = Supervisor(
                 state_dir=s.run.state_dir,
+                ack_dir=self.streamer.acks,
                 vllm=s.vllm,
                 services=s.services,
                 trainer=s.trainer,

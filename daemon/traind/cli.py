@@ -293,12 +293,13 @@ async def _push(args: argparse.Namespace) -> int:
 
 async def _prune(args: argparse.Namespace) -> int:
     from traind.checkpoints import pruner
+    from traind.checkpoints.identity import RunIdentity
     from traind.checkpoints.journal import Journal
     from traind.storage.factory import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
-    journal = Journal.in_state_dir(settings.run.state_dir)
+    journal = Journal.in_state_dir(settings.run.state_dir, RunIdentity.of(settings, storage))
     act = pruner.plan if args.dry_run else pruner.prune
     try:
         result = await act(

@@ -9,9 +9,36 @@ from pathlib import Path
 
 from tests.support.daemon import write_config
 
+from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.storage.base import Storage
+
+OLD_JOURNAL_SCHEMA = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    tag TEXT PRIMARY KEY,
+    step INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS files (
+    tag TEXT NOT NULL,
+    path TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT,
+    mtime_ns INTEGER,
+    PRIMARY KEY (tag, path)
+);
+CREATE TABLE IF NOT EXISTS resume (
+    tag TEXT NOT NULL,
+    path TEXT NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (tag, path)
+);
+"""
+"""The journal schema of traind before runs were kept (as that version wrote it)."""
 
 
 def write_checkpoint(
@@ -62,9 +89,14 @@ def rewrite(path: Path, data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def run_in(tmp_path: Path) -> RunIdentity:
+    """The run of a test's journal: ``r``, writing its checkpoints to tmp_path/out."""
+    return RunIdentity("r", tmp_path / "out", "memory:")
+
+
 async def commit_through_streamer(tmp_path: Path, store: Storage, step: int) -> Journal:
     """Write checkpoint-``step`` in tmp_path/out and commit it as the daemon would."""
-    journal = Journal.in_state_dir(tmp_path / "state")
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     streamer = Streamer("r", tmp_path / "state", store, journal)
     write_checkpoint(tmp_path / "out", step)
     tag = f"checkpoint-{step}"

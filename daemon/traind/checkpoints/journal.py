@@ -7,11 +7,18 @@ Per file it keeps its size and mtime when snapshot (a later rewrite by the train
 apart), the sha256 once the file is durably stored, and opaque resume state for backends
 that upload in parts. Every write is one transaction, fsynced, so a daemon killed
 at any moment restarts from the last thing that really happened.
+
+A journal is opened for one run (``RunIdentity``): every row carries its run's key, and
+every query and write sees only that run's rows, so runs sharing a ``state_dir`` never skip,
+resume from, prune or delete each other's checkpoints. Rows of a journal written before runs
+were kept are migrated with an empty run, and claimed by the first run they provably belong
+to (see ``_claim_legacy``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 import time
@@ -20,36 +27,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
+import structlog
+
+from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.storage.base import LocalFile
 
 State = Literal["staged", "ready", "committed", "pruning", "pruned"]
 P = ParamSpec("P")
 T = TypeVar("T")
+log = structlog.get_logger("traind.journal")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
-    tag TEXT PRIMARY KEY,
+    run TEXT NOT NULL,
+    tag TEXT NOT NULL,
     step INTEGER NOT NULL,
     source TEXT NOT NULL,
     state TEXT NOT NULL,
     backend TEXT,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (run, tag)
 );
 CREATE TABLE IF NOT EXISTS files (
+    run TEXT NOT NULL,
     tag TEXT NOT NULL,
     path TEXT NOT NULL,
     size INTEGER NOT NULL,
     sha256 TEXT,
     mtime_ns INTEGER,
-    PRIMARY KEY (tag, path)
+    PRIMARY KEY (run, tag, path)
 );
 CREATE TABLE IF NOT EXISTS resume (
+    run TEXT NOT NULL,
     tag TEXT NOT NULL,
     path TEXT NOT NULL,
     state TEXT NOT NULL,
-    PRIMARY KEY (tag, path)
+    PRIMARY KEY (run, tag, path)
 );
 """
+_LEGACY = ""
+"""The run of rows migrated from a journal written before runs were kept, until claimed."""
+_TABLES = ("checkpoints", "files", "resume")
 
 
 @dataclass(frozen=True)
@@ -82,21 +100,31 @@ class StoredFile:
 
 
 class Journal:
-    """Thread-safe access to the journal database; async methods run in a worker thread."""
+    """Thread-safe access to one run's records in the journal database; async methods run
+    in a worker thread."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, run: RunIdentity) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.run = run
+        self._key = run.key
+        self._path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._add_column("files", "mtime_ns INTEGER")
         self._lock = threading.Lock()
+        if self._columns("checkpoints") and "run" not in self._columns("checkpoints"):
+            self._add_column("files", "mtime_ns INTEGER")
+            self._tx_fn(self._migrate)
+        self._db.executescript(_SCHEMA)
+        self._tx_fn(self._claim_legacy, staging_dir(path.parent, run))
+
+    def _columns(self, table: str) -> set[str]:
+        return {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
 
     def _add_column(self, table: str, column: str) -> None:
         """Add ``column`` to a ``table`` written by an older traind, which lacks it."""
         name = column.split()[0]
-        if name in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+        if name in self._columns(table):
             return
         try:
             self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
@@ -104,10 +132,64 @@ class Journal:
             if "duplicate column" not in str(exc):
                 raise
 
+    def _migrate(self) -> None:
+        """Rebuild the tables of a journal written before runs were kept, keyed by run too;
+        every row is kept, with the legacy run (another process may have done it first)."""
+        if "run" in self._columns("checkpoints"):
+            return
+        log.info("journal_migrated", to="runs kept apart", path=str(self._path))
+        for table in _TABLES:
+            self._db.execute(f"ALTER TABLE {table} RENAME TO {table}_before_runs")
+        for statement in _SCHEMA.split(";")[:-1]:
+            self._db.execute(statement)
+        for table in _TABLES:
+            columns = ", ".join(sorted(self._columns(f"{table}_before_runs")))
+            self._db.execute(
+                f"INSERT INTO {table} (run, {columns}) "
+                f"SELECT ?, {columns} FROM {table}_before_runs",
+                (_LEGACY,),
+            )
+            self._db.execute(f"DROP TABLE {table}_before_runs")
+
+    def _claim_legacy(self, staging: Path) -> None:
+        """Make this run's the legacy rows that provably are: the checkpoint was in this
+        run's output_dir, and was stored to this run's store or not stored yet. Their
+        snapshots move from the old shared staging into this run's. Any other legacy row
+        stays as it was, for the run it belongs to."""
+        rows = self._db.execute(
+            "SELECT tag, source, backend, state FROM checkpoints WHERE run = ?", (_LEGACY,)
+        ).fetchall()
+        mine = {tag for (tag,) in self._db.execute(
+            "SELECT tag FROM checkpoints WHERE run = ?", (self._key,))}
+        claimed, pending = 0, []
+        for tag, source, backend, state in rows:
+            if (
+                tag in mine
+                or os.path.realpath(source) != os.path.realpath(self.run.output_dir / tag)
+                or backend not in (None, self.run.store)
+            ):
+                continue
+            legacy = staging.parent / tag
+            if legacy.is_dir() and not (staging / tag).exists():
+                staging.mkdir(parents=True, exist_ok=True)
+                legacy.rename(staging / tag)
+            for table in _TABLES:
+                self._db.execute(
+                    f"UPDATE {table} SET run = ? WHERE run = ? AND tag = ?",
+                    (self._key, _LEGACY, tag),
+                )
+            claimed += 1
+            if state in ("staged", "ready"):
+                pending.append(tag)
+        if claimed:
+            log.info("journal_records_claimed", run=self._key, checkpoints=claimed,
+                     pending=pending,
+                     reason="written before runs were kept; from this output_dir and store")
+
     @classmethod
-    def in_state_dir(cls, state_dir: Path) -> Journal:
-        """Open the journal kept in ``state_dir``."""
-        return cls(state_dir / "journal.sqlite3")
+    def in_state_dir(cls, state_dir: Path, run: RunIdentity) -> Journal:
+        """Open ``run``'s records in the journal kept in ``state_dir``."""
+        return cls(state_dir / "journal.sqlite3", run)
 
     def close(self) -> None:
         """Close the database."""
@@ -118,11 +200,18 @@ class Journal:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     def _tx(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        def run() -> None:
+            for sql, params in statements:
+                self._db.execute(sql, params)
+
+        self._tx_fn(run)
+
+    def _tx_fn(self, fn: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
+        """Call ``fn`` inside one write transaction: all of it happens, or none."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                for sql, params in statements:
-                    self._db.execute(sql, params)
+                fn(*args, **kwargs)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -137,7 +226,8 @@ class Journal:
     def get_sync(self, tag: str) -> Entry | None:
         """The journal entry for ``tag``, if any."""
         rows = self._query(
-            "SELECT tag, step, source, state, backend FROM checkpoints WHERE tag = ?", (tag,)
+            "SELECT tag, step, source, state, backend FROM checkpoints WHERE run = ? AND tag = ?",
+            (self._key, tag),
         )
         return _entry(rows[0]) if rows else None
 
@@ -147,10 +237,10 @@ class Journal:
 
     def entries_sync(self, *states: State) -> list[Entry]:
         """Entries in any of ``states`` (all when none given), by step."""
-        sql = "SELECT tag, step, source, state, backend FROM checkpoints"
+        sql = "SELECT tag, step, source, state, backend FROM checkpoints WHERE run = ?"
         if states:
-            sql += f" WHERE state IN ({','.join('?' * len(states))})"
-        return [_entry(r) for r in self._query(sql + " ORDER BY step", states)]
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+        return [_entry(r) for r in self._query(sql + " ORDER BY step", (self._key, *states))]
 
     async def entries(self, *states: State) -> list[Entry]:
         """Entries in any of ``states`` (all when none given), by step."""
@@ -161,19 +251,20 @@ class Journal:
         now = time.time()
         ops: list[tuple[str, Sequence[Any]]] = [
             (
-                "INSERT INTO checkpoints (tag, step, source, state, backend, updated_at) "
-                "VALUES (?, ?, ?, 'staged', NULL, ?) ON CONFLICT (tag) DO UPDATE SET "
+                "INSERT INTO checkpoints (run, tag, step, source, state, backend, updated_at) "
+                "VALUES (?, ?, ?, ?, 'staged', NULL, ?) ON CONFLICT (run, tag) DO UPDATE SET "
                 "state = 'staged', source = excluded.source, backend = NULL, "
                 "updated_at = excluded.updated_at",
-                (tag, step, str(source), now),
+                (self._key, tag, step, str(source), now),
             ),
-            ("DELETE FROM files WHERE tag = ?", (tag,)),
-            ("DELETE FROM resume WHERE tag = ?", (tag,)),
+            ("DELETE FROM files WHERE run = ? AND tag = ?", (self._key, tag)),
+            ("DELETE FROM resume WHERE run = ? AND tag = ?", (self._key, tag)),
         ]
         ops += [
             (
-                "INSERT INTO files (tag, path, size, mtime_ns) VALUES (?, ?, ?, ?)",
-                (tag, f.path, f.size, f.mtime_ns if isinstance(f, StagedFile) else None),
+                "INSERT INTO files (run, tag, path, size, mtime_ns) VALUES (?, ?, ?, ?, ?)",
+                (self._key, tag, f.path, f.size,
+                 f.mtime_ns if isinstance(f, StagedFile) else None),
             )
             for f in files
         ]
@@ -183,8 +274,8 @@ class Journal:
         """Move ``tag`` to ``state``."""
         await self._run(
             self._tx,
-            [("UPDATE checkpoints SET state = ?, updated_at = ? WHERE tag = ?",
-              (state, time.time(), tag))],
+            [("UPDATE checkpoints SET state = ?, updated_at = ? WHERE run = ? AND tag = ?",
+              (state, time.time(), self._key, tag))],
         )
 
     async def record_committed(self, tag: str, step: int, source: Path, backend: str) -> None:
@@ -194,14 +285,14 @@ class Journal:
             self._tx,
             [
                 (
-                    "INSERT INTO checkpoints (tag, step, source, state, backend, updated_at) "
-                    "VALUES (?, ?, ?, 'committed', ?, ?) ON CONFLICT (tag) DO UPDATE SET "
-                    "state = 'committed', source = excluded.source, "
+                    "INSERT INTO checkpoints (run, tag, step, source, state, backend, "
+                    "updated_at) VALUES (?, ?, ?, ?, 'committed', ?, ?) ON CONFLICT (run, tag) "
+                    "DO UPDATE SET state = 'committed', source = excluded.source, "
                     "backend = excluded.backend, updated_at = excluded.updated_at",
-                    (tag, step, str(source), backend, time.time()),
+                    (self._key, tag, step, str(source), backend, time.time()),
                 ),
-                ("DELETE FROM files WHERE tag = ?", (tag,)),
-                ("DELETE FROM resume WHERE tag = ?", (tag,)),
+                ("DELETE FROM files WHERE run = ? AND tag = ?", (self._key, tag)),
+                ("DELETE FROM resume WHERE run = ? AND tag = ?", (self._key, tag)),
             ],
         )
 
@@ -209,12 +300,13 @@ class Journal:
         """Mark the backend ``tag`` goes to; a different backend than before starts over."""
         entry = await self.get(tag)
         ops: list[tuple[str, Sequence[Any]]] = [
-            ("UPDATE checkpoints SET backend = ? WHERE tag = ?", (backend, tag))
+            ("UPDATE checkpoints SET backend = ? WHERE run = ? AND tag = ?",
+             (backend, self._key, tag))
         ]
         if entry is not None and entry.backend not in (None, backend):
             ops += [
-                ("UPDATE files SET sha256 = NULL WHERE tag = ?", (tag,)),
-                ("DELETE FROM resume WHERE tag = ?", (tag,)),
+                ("UPDATE files SET sha256 = NULL WHERE run = ? AND tag = ?", (self._key, tag)),
+                ("DELETE FROM resume WHERE run = ? AND tag = ?", (self._key, tag)),
             ]
         await self._run(self._tx, ops)
 
@@ -223,7 +315,9 @@ class Journal:
     def files_sync(self, tag: str) -> list[StoredFile]:
         """The staged files of ``tag`` with their sha256 where stored."""
         rows = self._query(
-            "SELECT path, size, sha256, mtime_ns FROM files WHERE tag = ? ORDER BY path", (tag,)
+            "SELECT path, size, sha256, mtime_ns FROM files WHERE run = ? AND tag = ? "
+            "ORDER BY path",
+            (self._key, tag),
         )
         return [StoredFile(*r) for r in rows]
 
@@ -236,15 +330,19 @@ class Journal:
         await self._run(
             self._tx,
             [
-                ("UPDATE files SET sha256 = ? WHERE tag = ? AND path = ?", (sha256, tag, path)),
-                ("DELETE FROM resume WHERE tag = ? AND path = ?", (tag, path)),
+                ("UPDATE files SET sha256 = ? WHERE run = ? AND tag = ? AND path = ?",
+                 (sha256, self._key, tag, path)),
+                ("DELETE FROM resume WHERE run = ? AND tag = ? AND path = ?",
+                 (self._key, tag, path)),
             ],
         )
 
     async def load_resume(self, tag: str, path: str) -> str | None:
         """Opaque resume state a backend saved for one file."""
         rows = await self._run(
-            self._query, "SELECT state FROM resume WHERE tag = ? AND path = ?", (tag, path)
+            self._query,
+            "SELECT state FROM resume WHERE run = ? AND tag = ? AND path = ?",
+            (self._key, tag, path),
         )
         return str(rows[0][0]) if rows else None
 
@@ -252,15 +350,16 @@ class Journal:
         """Save opaque resume state for one file."""
         await self._run(
             self._tx,
-            [("INSERT OR REPLACE INTO resume (tag, path, state) VALUES (?, ?, ?)",
-              (tag, path, state))],
+            [("INSERT OR REPLACE INTO resume (run, tag, path, state) VALUES (?, ?, ?, ?)",
+              (self._key, tag, path, state))],
         )
 
     async def resume_states(self, tag: str | None = None) -> list[tuple[str, str, str]]:
-        """All saved (tag, path, state) resume records, optionally for one tag."""
-        sql, params = "SELECT tag, path, state FROM resume", tuple[str, ...]()
+        """This run's saved (tag, path, state) resume records, optionally for one tag."""
+        sql = "SELECT tag, path, state FROM resume WHERE run = ?"
+        params: tuple[str, ...] = (self._key,)
         if tag is not None:
-            sql, params = sql + " WHERE tag = ?", (tag,)
+            sql, params = sql + " AND tag = ?", (self._key, tag)
         rows = await self._run(self._query, sql, params)
         return [(str(a), str(b), str(c)) for a, b, c in rows]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.streamer import Streamer
@@ -29,7 +30,7 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
         raise TraindError(f"cannot read a step number from tag {tag!r}; pass --tag checkpoint-N")
     state_dir = settings.run.state_dir
     storage = open_storage(settings.storage, settings.run.name)
-    journal = Journal.in_state_dir(state_dir)
+    journal = Journal.in_state_dir(state_dir, RunIdentity.of(settings, storage))
     try:
         if any(m.tag == tag for m in await storage.manifests()):
             raise TraindError(

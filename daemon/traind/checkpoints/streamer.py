@@ -17,6 +17,7 @@ import structlog
 
 from traind.backoff import doubling
 from traind.checkpoints import snapshot
+from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts
 from traind.checkpoints.watcher import StageResult
@@ -31,7 +32,8 @@ OnRewritten = Callable[[str], None]
 
 
 class Streamer:
-    """Owns the staging area and the queue of checkpoints waiting to be committed."""
+    """Owns the staging area of the journal's run and the queue of checkpoints waiting to
+    be committed."""
 
     def __init__(
         self,
@@ -44,8 +46,8 @@ class Streamer:
         retry_max: float = 300.0,
     ) -> None:
         self._run = run
-        self.staging = state_dir / "staging"
-        self.acks = state_dir / "acks"
+        self.staging = staging_dir(state_dir, journal.run)
+        self.acks = ack_dir(state_dir, journal.run)
         self.storage = storage
         self._journal = journal
         self._on_commit = on_commit

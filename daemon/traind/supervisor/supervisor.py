@@ -31,6 +31,7 @@ class Supervisor:
         self,
         *,
         state_dir: Path,
+        ack_dir: Path | None = None,
         vllm: VLLMConfig | None = None,
         services: Sequence[ServiceConfig] = (),
         trainer: TrainerConfig | None = None,
@@ -48,7 +49,7 @@ class Supervisor:
         needs = [*self.services, *([self.vllm] if self.vllm else [])]
         self.trainer = (
             TrainerRunner(trainer, heartbeat=state_dir / "trainer.heartbeat",
-                          ack_dir=state_dir / "acks",
+                          ack_dir=ack_dir or state_dir / "acks",
                           resume_from=resume_from, needs=needs, vllm=self.vllm, **kw)
             if trainer is not None else None
         )

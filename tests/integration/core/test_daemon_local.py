@@ -104,7 +104,7 @@ def test_sigkill_mid_commit_then_restart_commits_once(tmp_path: Path) -> None:
     assert len(restarted.named("checkpoint_committed")) == 1
     assert stored(store, "exp") == {"checkpoint-1": expected}
     assert not list(store.rglob("*.traind-part"))
-    assert not list((tmp_path / "state/staging").iterdir())
+    assert not list((tmp_path / "state/staging").glob("*/*")), "a snapshot left in staging"
 
 
 def test_retention_prunes_store_and_output_dir(tmp_path: Path) -> None:

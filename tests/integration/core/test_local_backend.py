@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+from tests.support.checkpoints import run_in
 
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.manifest import FileEntry, Manifest
@@ -35,7 +36,7 @@ def make_checkpoint(root: Path) -> dict[str, bytes]:
 async def upload(backend: LocalBackend, tmp_path: Path, tag: str) -> Manifest:
     src = tmp_path / "src" / tag
     files = make_checkpoint(src)
-    journal = Journal(tmp_path / f"j-{tag}.db")
+    journal = Journal(tmp_path / f"j-{tag}.db", run_in(tmp_path))
     await journal.staged(tag, 4, src, [LocalFile(p, len(d)) for p, d in files.items()])
     await backend.upload(
         tag,

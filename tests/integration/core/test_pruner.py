@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.support.checkpoints import commit_through_streamer, rewrite, write_checkpoint
+from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, write_checkpoint
 
 from traind.checkpoints import pruner
 from traind.checkpoints.journal import Journal
@@ -19,7 +19,7 @@ async def test_a_directory_sharing_a_committed_tag_is_not_deleted(tmp_path: Path
     same name (another run's, say) stays; checkpoint-6, stored from here, goes."""
     out = tmp_path / "out"
     store = MemoryBackend()
-    journal = Journal.in_state_dir(tmp_path / "state")
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     try:
         for step, source in [(5, tmp_path / "elsewhere"), (6, out)]:
             tag = f"checkpoint-{step}"
@@ -45,7 +45,7 @@ async def test_a_delete_cut_short_is_finished_by_the_next_prune(tmp_path: Path) 
     (journal state ``pruning``): the next prune removes them and records ``pruned``."""
     store = MemoryBackend()
     store.objects["checkpoint-2/model.bin"] = b"orphaned"
-    journal = Journal.in_state_dir(tmp_path / "state")
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     try:
         await journal.record_committed("checkpoint-2", 2, tmp_path / "out/checkpoint-2", "m")
         await journal.set_state("checkpoint-2", "pruning")

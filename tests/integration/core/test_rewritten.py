@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from tests.support.checkpoints import commit_through_streamer, rewrite, write_checkpoint
+from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, write_checkpoint
 
 from traind.app import Daemon
 from traind.checkpoints import snapshot
@@ -97,7 +97,7 @@ async def test_rewritten_checkpoint_is_snapshot_again_and_committed_as_last_save
 async def test_push_of_a_checkpoint_rewritten_mid_upload_fails(tmp_path: Path) -> None:
     """Without a watcher to look again (``traind push``), the commit fails, naming the file."""
     store = GatedStore()
-    journal = Journal.in_state_dir(tmp_path / "state")
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     streamer = Streamer("r", tmp_path / "state", store, journal)
     write_checkpoint(tmp_path / "out", 2)
     source = tmp_path / "out" / "checkpoint-2"
@@ -125,7 +125,7 @@ async def test_trainer_resumes_from_newest_complete_checkpoint_not_yet_stored(
     trainer does not save it again over its snapshot; one missing locally is skipped."""
     s = settings(tmp_path)
     out = s.run.output_dir
-    journal = Journal.in_state_dir(tmp_path / "state")
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     store = MemoryBackend()
     try:
         states: list[tuple[int, State]] = [(1, "committed"), (2, "ready"), (3, "ready")]

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.support.checkpoints import write_checkpoint
+from tests.support.checkpoints import run_in, write_checkpoint
 
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
@@ -37,7 +37,7 @@ async def test_idle_waits_for_a_retried_upload(tmp_path: Path) -> None:
     retries: ``wait_idle`` (what exit_when_done and shutdown wait on) returns only once it
     is committed."""
     store = FailingStore(failures=2)
-    journal = Journal.in_state_dir(tmp_path / "state")
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     streamer = Streamer("r", tmp_path / "state", store, journal, retry_initial=0.2)
     write_checkpoint(tmp_path / "out", 1)
     running = asyncio.create_task(streamer.run())

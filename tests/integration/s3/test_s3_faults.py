@@ -18,6 +18,7 @@ from tests.integration.s3.conftest import (
     s3_config,
 )
 from tests.integration.s3.test_s3_backend import keys_under, manifest_of
+from tests.support.checkpoints import run_in
 from tests.support.seaweed import SeaweedS3
 
 from traind.checkpoints.journal import Journal, JournalSession
@@ -75,7 +76,7 @@ async def test_resume_skips_finished_parts(
     tag, size = "checkpoint-9", 20 * MIB + 17
     root = tmp_path / tag
     files = make_checkpoint(root, {"shard.bin": size})
-    journal = Journal(tmp_path / "state" / "journal.db")
+    journal = Journal(tmp_path / "state" / "journal.db", run_in(tmp_path))
     try:
         await journal.staged(tag, 9, root, files)
         config = s3_config(s3_server, bucket, concurrency=1, max_bandwidth="10MiB")

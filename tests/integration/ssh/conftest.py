@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.checkpoints import run_in
 from tests.support.requires import need_binary, need_module
 from tests.support.sshd import HOST, SSHServer
 
@@ -134,7 +135,7 @@ def checkpoint(tmp_path: Path) -> Callable[[str, dict[str, bytes]], tuple[Path, 
 @pytest.fixture
 def journal(tmp_path: Path) -> Iterator[Journal]:
     """The real journal, in a temporary state directory."""
-    j = Journal(tmp_path / "state" / "journal.db")
+    j = Journal(tmp_path / "state" / "journal.db", run_in(tmp_path))
     try:
         yield j
     finally:
