@@ -68,6 +68,8 @@ class Daemon:
         self._server: StatusServer | None = None
         self._prune_now = asyncio.Event()
         self._resuming: tuple[str, ...] = ()
+        self.unstored: list[str] = []
+        """After ``run``: the checkpoints not committed when it stopped, newest first."""
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
         """Run until ``stop`` is set, re-reading the config whenever ``reload`` is set.
@@ -101,7 +103,12 @@ class Daemon:
             self.journal.close()
             if self._lock is not None:
                 os.close(self._lock)
-            log.info("daemon_stopped")
+            if self.unstored:
+                log.error("daemon_stopped", unstored=self.unstored,
+                          hint="not in the store: kept in state_dir and output_dir, and "
+                               "committed by the next traind run on this host")
+            else:
+                log.info("daemon_stopped", unstored=[])
 
     async def startup(self) -> Watcher:
         """Stop what a killed predecessor left running, restore if this is a fresh host,
@@ -161,8 +168,9 @@ class Daemon:
 
     async def main_loop(self, watcher: Watcher, stop: asyncio.Event, reload: asyncio.Event) -> None:
         """Supervise, watch, stream and prune until ``stop``; then shut down in order: the
-        children (trainer first), the watcher, then the upload in flight within
-        ``stop_timeout`` (whatever is left stays in the journal for next time)."""
+        children (trainer first), then, within ``stop_timeout``, a last scan that hands on
+        every checkpoint the stopped trainer left complete, committed newest first. What is
+        not committed by then is in ``unstored`` (and in the journal for next time)."""
         log.info("daemon_ready")
         async with asyncio.TaskGroup() as tg:
             background = [
@@ -171,7 +179,8 @@ class Daemon:
             ]
             if self.supervisor is not None:
                 background.append(tg.create_task(self._supervise(stop), name="supervisor"))
-            watching = tg.create_task(watcher.run(), name="watcher")
+            stop_watching = asyncio.Event()
+            watching = tg.create_task(watcher.run(stop_watching), name="watcher")
             streaming = tg.create_task(self.streamer.run(), name="streamer")
             await stop.wait()
             log.info("daemon_stopping")
@@ -179,12 +188,19 @@ class Daemon:
             self.observer.set_state("stopping")
             if self.supervisor is not None:
                 await self.supervisor.stop()
-            for task in [*background, watching]:
+            for task in background:
                 task.cancel()
+            stop_watching.set()
+            writer_gone = self.supervisor is not None and self.supervisor.trainer is not None
+            self.streamer.prefer_newest()
+            left: list[str] = []
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.run.stop_timeout):
+                    await watching
+                    left = await watcher.final_scan(writer_gone)
                     await self.streamer.wait_idle()
             streaming.cancel()
+            self.unstored = [*self.streamer.unstored, *left]
 
     async def _supervise(self, stop: asyncio.Event) -> None:
         """Run the children; when training finished, commit what is left, then stop."""
