@@ -16,6 +16,7 @@ from pathlib import Path
 import structlog
 
 from traind import config
+from traind.backoff import doubling
 from traind.checkpoints import pruner, recovery
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
@@ -35,6 +36,11 @@ from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
 
 log = structlog.get_logger("traind.app")
+
+_STORE_RETRY = (1.0, 60.0)
+"""Waiting for a store that cannot be reached: the first pause and the cap, in seconds."""
+_WAITING_HINT = ("waiting for the store before the trainer starts: output_dir holds no "
+                 "checkpoint to resume from, and the store may hold a newer one")
 
 
 class Daemon:
@@ -69,6 +75,11 @@ class Daemon:
         self._server: StatusServer | None = None
         self._prune_now = asyncio.Event()
         self._resuming: tuple[str, ...] = ()
+        self.unstored: list[str] = []
+        """After ``run``: the checkpoints not committed when it stopped, newest first."""
+        self._reached = False
+        self._unreconciled: list[str] = []
+        self._done: set[str] = set()
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
         """Run until ``stop`` is set, re-reading the config whenever ``reload`` is set.
@@ -102,7 +113,12 @@ class Daemon:
             self.journal.close()
             if self._lock is not None:
                 os.close(self._lock)
-            log.info("daemon_stopped")
+            if self.unstored:
+                log.error("daemon_stopped", unstored=self.unstored,
+                          hint="not in the store: kept in state_dir and output_dir, and "
+                               "committed by the next traind run on this host")
+            else:
+                log.info("daemon_stopped", unstored=[])
 
     async def startup(self) -> Watcher:
         """Stop what a killed predecessor left running, restore if this is a fresh host,
@@ -117,15 +133,20 @@ class Daemon:
             backend=self.storage.describe,
         )
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
-        manifests = await self._store_manifests()
-        self.observer.known(manifests)
-        await recovery.restore_if_fresh(
-            self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
+        manifests = await self._first_manifests()
+        if manifests is not None:
+            self.observer.known(manifests)
+            await recovery.restore_if_fresh(
+                self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
+            )
+        tracked, self._unreconciled = await recovery.recover(
+            self.streamer, self.journal, manifests
         )
-        tracked = await recovery.recover(self.streamer, self.journal, manifests)
+        self._reached = manifests is not None
         done = {e.tag for e in await self.journal.entries("ready", "committed", "pruning",
                                                           "pruned")}
-        done |= {m.tag for m in manifests}
+        done |= {m.tag for m in manifests or ()}
+        self._done = done
         if s.trainer or s.vllm or s.services:
             become_subreaper()
             self.supervisor = Supervisor(
@@ -144,28 +165,72 @@ class Daemon:
         self.streamer.on_rewritten = watcher.reopen
         return watcher
 
-    async def _store_manifests(self) -> list[Manifest]:
-        """The store's manifests. A store that is down for now (network not up yet, server
-        restarting) is waited for: whether to restore before the trainer starts depends on
-        it. A permanent error (bad credentials, no such bucket) ends the start-up."""
-        delay = 1.0
+    async def _first_manifests(self) -> list[Manifest] | None:
+        """The store's manifests, or None when the store cannot be reached but the trainer
+        can resume from output_dir without it (uploads catch up once the store answers).
+
+        Otherwise a store that is down for now (network not up yet, server restarting) is
+        waited for: on an empty output_dir the store may hold a newer checkpoint, and
+        starting fresh would throw the run's progress away. A permanent error (bad
+        credentials, no such bucket) ends the start-up."""
+        try:
+            return await self.storage.manifests()
+        except TransientStorageError as exc:
+            s = self.settings
+            resume = await recovery.local_resume_point(
+                self.journal, s.run.output_dir, s.checkpoints
+            )
+            if resume is not None:
+                log.error("store_unreachable", backend=self.storage.describe, error=str(exc),
+                          resume_from=str(resume),
+                          hint="starting from the checkpoint in output_dir; uploads wait "
+                               "for the store")
+                return None
+            log.error("store_unreachable", backend=self.storage.describe, error=str(exc),
+                      retry_in=_STORE_RETRY[0], hint=_WAITING_HINT)
+        self.observer.set_state("waiting_for_store")
+        manifests = await self._wait_for_store(_WAITING_HINT, first=1)
+        self.observer.set_state("starting")
+        return manifests
+
+    async def _wait_for_store(self, hint: str, first: int = 0) -> list[Manifest]:
+        """The store's manifests, asked for with capped backoff until the store answers; a
+        permanent error is raised. ``first`` counts the failures already reported."""
+        failures = first
         while True:
+            if failures:
+                await asyncio.sleep(doubling(failures - 1, *_STORE_RETRY))
             try:
-                return await self.storage.manifests()
+                manifests = await self.storage.manifests()
             except TransientStorageError as exc:
-                log.error(
-                    "store_unreachable",
-                    backend=self.storage.describe,
-                    error=str(exc),
-                    retry_in=delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 60.0)
+                failures += 1
+                log.error("store_unreachable", backend=self.storage.describe,
+                          error=str(exc), retry_in=doubling(failures - 1, *_STORE_RETRY),
+                          hint=hint)
+                continue
+            if failures:
+                log.info("store_reachable", backend=self.storage.describe, failures=failures)
+            return manifests
+
+    async def _stream(self) -> None:
+        """The upload loop. When the trainer started without the store, the store is first
+        waited for and what the previous daemon left is settled against it."""
+        if not self._reached:
+            manifests = await self._wait_for_store(
+                "the trainer runs meanwhile; checkpoints are snapshot and wait in staging",
+                first=1,
+            )
+            self._reached = True
+            self.observer.known(manifests)
+            self._done.update(m.tag for m in manifests)
+            await recovery.reconcile(self.streamer, self.journal, manifests, self._unreconciled)
+        await self.streamer.run()
 
     async def main_loop(self, watcher: Watcher, stop: asyncio.Event, reload: asyncio.Event) -> None:
         """Supervise, watch, stream and prune until ``stop``; then shut down in order: the
-        children (trainer first), the watcher, then the upload in flight within
-        ``stop_timeout`` (whatever is left stays in the journal for next time)."""
+        children (trainer first), then, within ``stop_timeout``, a last scan that hands on
+        every checkpoint the stopped trainer left complete, committed newest first. What is
+        not committed by then is in ``unstored`` (and in the journal for next time)."""
         log.info("daemon_ready")
         async with asyncio.TaskGroup() as tg:
             background = [
@@ -174,20 +239,28 @@ class Daemon:
             ]
             if self.supervisor is not None:
                 background.append(tg.create_task(self._supervise(stop), name="supervisor"))
-            watching = tg.create_task(watcher.run(), name="watcher")
-            streaming = tg.create_task(self.streamer.run(), name="streamer")
+            stop_watching = asyncio.Event()
+            watching = tg.create_task(watcher.run(stop_watching), name="watcher")
+            streaming = tg.create_task(self._stream(), name="streamer")
             await stop.wait()
             log.info("daemon_stopping")
             self.observer.notifier.stopping()
             self.observer.set_state("stopping")
             if self.supervisor is not None:
                 await self.supervisor.stop()
-            for task in [*background, watching]:
+            for task in background:
                 task.cancel()
+            stop_watching.set()
+            writer_gone = self.supervisor is not None and self.supervisor.trainer is not None
+            self.streamer.prefer_newest()
+            left: list[str] = []
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.run.stop_timeout):
+                    await watching
+                    left = await watcher.final_scan(writer_gone)
                     await self.streamer.wait_idle()
             streaming.cancel()
+            self.unstored = [*self.streamer.unstored, *left]
 
     async def _supervise(self, stop: asyncio.Event) -> None:
         """Run the children; when training finished, commit what is left, then stop."""

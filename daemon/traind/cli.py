@@ -39,6 +39,11 @@ EXAMPLES = {
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
+EXIT_UNSTORED = 75
+"""``traind run`` stopped (SIGTERM) before every checkpoint was committed: the ones not in
+the store are named in its last log line (EX_TEMPFAIL: a restart on this host commits them).
+0 means everything was stored, 1 a failure, 2 an invalid configuration."""
+
 
 def _seconds_arg(value: str) -> float:
     """``--watch``'s value: a positive, finite number of seconds (0 or nan would spin)."""
@@ -178,8 +183,9 @@ async def _run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
-    await Daemon(settings, config_path=path, recent=recent).run(stop, reload)
-    return 0
+    daemon = Daemon(settings, config_path=path, recent=recent)
+    await daemon.run(stop, reload)
+    return EXIT_UNSTORED if daemon.unstored else 0
 
 
 async def _status(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traind.checkpoints.completion import Action, Observation, Tracked, decide
+from traind.checkpoints.completion import Action, Observation, Tracked, decide, decide_at_stop
 
 A = frozenset({("model.bin", 10, 1), ("trainer_state.json", 2, 1)})
 B = frozenset({("model.bin", 20, 2), ("trainer_state.json", 2, 1)})
@@ -59,3 +59,35 @@ def test_mtime_order_is_irrelevant() -> None:
     """An older mtime is a change like any other; nothing is ordered by mtime."""
     older = frozenset({("model.bin", 10, 0), ("trainer_state.json", 2, 1)})
     assert decide(Tracked(A, 100.0), seen(older), 200.0, 5.0) is Action.STAGE
+
+
+def test_at_stop_an_unsettled_snapshot_is_complete_once_the_writer_is_gone() -> None:
+    """With the trainer stopped, a marked directory snapshot a moment ago is complete."""
+    assert decide_at_stop(Tracked(A, 100.0), seen(), writer_gone=True) is Action.COMPLETE
+
+
+def test_at_stop_an_unseen_or_changed_directory_is_snapshot_first() -> None:
+    """A marked directory not snapshot yet (or changed since) is snapshot, then complete."""
+    assert decide_at_stop(None, seen(), writer_gone=True) is Action.STAGE
+    assert decide_at_stop(Tracked(A, 100.0), seen(B), writer_gone=True) is Action.STAGE
+
+
+def test_at_stop_a_directory_without_marker_is_not_complete() -> None:
+    """A save cut short by the stop (no marker) is never taken for a checkpoint."""
+    assert decide_at_stop(None, seen(marker=False), writer_gone=True) is Action.IGNORE
+    assert decide_at_stop(Tracked(A, 1.0), seen(marker=False), writer_gone=True) is Action.IGNORE
+
+
+def test_at_stop_with_a_writer_of_its_own_only_the_explicit_marker_counts() -> None:
+    """Without a supervised trainer the writer may still be saving: only traind's explicit
+    marker makes a directory complete."""
+    assert decide_at_stop(Tracked(A, 100.0), seen(), writer_gone=False) is Action.IGNORE
+    assert decide_at_stop(None, seen(explicit=True), writer_gone=False) is Action.STAGE
+    explicit = seen(explicit=True)
+    assert decide_at_stop(Tracked(A, 1.0), explicit, writer_gone=False) is Action.COMPLETE
+
+
+def test_at_stop_a_vanished_snapshot_is_complete() -> None:
+    """Rotated away after its snapshot: complete, as at any other time."""
+    assert decide_at_stop(Tracked(A, 100.0), None, writer_gone=True) is Action.COMPLETE
+    assert decide_at_stop(None, None, writer_gone=True) is Action.IGNORE

@@ -5,7 +5,8 @@ at once (the trainer may rotate it away within milliseconds) and re-snapshot whe
 contents change. It is complete when the explicit traind marker exists, when nothing in it
 has changed for ``settle`` seconds, or when the trainer removed it after we snapshot it
 (trainers rotate only checkpoints they have finished). mtimes are compared for change only,
-never used to order checkpoints.
+never used to order checkpoints. Once the writer is gone (the daemon stopped the trainer)
+nothing changes any more, so at shutdown a marked directory is complete without settling.
 """
 
 from __future__ import annotations
@@ -67,3 +68,16 @@ def decide(tracked: Tracked | None, seen: Observation | None, now: float, settle
     if seen.explicit or now - tracked.since >= settle:
         return Action.COMPLETE
     return Action.WAIT
+
+
+def decide_at_stop(tracked: Tracked | None, seen: Observation | None, writer_gone: bool) -> Action:
+    """Decide for one directory in the last scan before shutdown: with the writer gone every
+    marked directory is complete (snapshot first if this one is not, or has changed);
+    otherwise only traind's explicit marker says so."""
+    if seen is None:
+        return Action.COMPLETE if tracked is not None else Action.IGNORE
+    if not seen.marked or not (writer_gone or seen.explicit):
+        return Action.IGNORE
+    if tracked is None or seen.signature != tracked.signature:
+        return Action.STAGE
+    return Action.COMPLETE

@@ -50,23 +50,23 @@ async def restore_if_fresh(
     )
 
 
-async def recover(streamer: Streamer, journal: Journal, manifests: list[Manifest]) -> list[str]:
-    """Queue ready snapshots, re-track staged ones, mark as committed what reached the store,
-    delete orphaned staging; return the tags the watcher should keep tracking."""
-    remote = {m.tag for m in manifests}
+async def recover(
+    streamer: Streamer, journal: Journal, manifests: list[Manifest] | None
+) -> tuple[list[str], list[str]]:
+    """Re-track staged snapshots, delete orphaned staging, and settle ready snapshots against
+    the store (``reconcile``); return the tags the watcher should keep tracking, and the
+    ready tags still to reconcile when ``manifests`` is None (the store not reached yet)."""
     staging = streamer.staging
     keep: set[str] = set()
     tracked = []
+    ready = []
     for entry in await journal.entries("staged", "ready"):
         have_snapshot = (staging / entry.tag).is_dir()
-        if entry.tag in remote and entry.state == "ready":
-            await journal.set_state(entry.tag, "committed")
-            log.info("recovered_committed", tag=entry.tag)
-        elif entry.state == "ready" and have_snapshot:
-            keep.add(entry.tag)
-            streamer.enqueue(entry.tag)
-            log.info("recovered_upload", tag=entry.tag)
-        elif entry.state == "staged" and (have_snapshot or entry.source.exists()):
+        if entry.state == "ready":
+            ready.append(entry.tag)
+            if have_snapshot:
+                keep.add(entry.tag)
+        elif have_snapshot or entry.source.exists():
             keep.add(entry.tag)
             tracked.append(entry.tag)
             log.info("recovered_staged", tag=entry.tag)
@@ -80,11 +80,32 @@ async def recover(streamer: Streamer, journal: Journal, manifests: list[Manifest
     # Acks belong to the trainer this daemon is about to start; stale ones would let it
     # rotate a checkpoint away before it is snapshot.
     await asyncio.to_thread(shutil.rmtree, streamer.acks, True)
+    if manifests is None:
+        return tracked, ready
+    await reconcile(streamer, journal, manifests, ready)
+    return tracked, []
+
+
+async def reconcile(
+    streamer: Streamer, journal: Journal, manifests: list[Manifest], ready: list[str]
+) -> None:
+    """Once the store answered: mark as committed the ``ready`` tags it holds, queue the
+    others whose snapshot is there, and remove what interrupted uploads left in the store."""
+    remote = {m.tag for m in manifests}
+    for tag in ready:
+        if tag in remote:
+            await journal.set_state(tag, "committed")
+            await asyncio.to_thread(shutil.rmtree, streamer.staging / tag, True)
+            log.info("recovered_committed", tag=tag)
+        elif (streamer.staging / tag).is_dir():
+            streamer.enqueue(tag)
+            log.info("recovered_upload", tag=tag)
+        else:
+            log.warning("recovered_lost", tag=tag, state="ready")
     states = [state for _, _, state in await journal.resume_states()]
     removed = await streamer.storage.cleanup(states)
     if removed:
         log.info("store_leftovers_removed", count=removed, backend=streamer.storage.describe)
-    return tracked
 
 
 async def resume_point(
@@ -101,14 +122,8 @@ async def resume_point(
     """
     for entry in reversed(await journal.entries("committed", "ready")):
         path = output_dir / entry.tag
-        seen = await asyncio.to_thread(snapshot.observe, path, config.markers)
-        if seen is None or not seen.marked:
-            reason = "resume point missing"
-        elif changed := await asyncio.to_thread(
-            snapshot.rewritten, path, await journal.files(entry.tag)
-        ):
-            reason = f"saved again: {', '.join(changed)}"
-        else:
+        reason = await _unusable(journal, entry.tag, path, config)
+        if reason is None:
             return path
         if entry.state == "committed":
             log.info("restore_starting", tag=entry.tag, step=entry.step, reason=reason)
@@ -116,4 +131,30 @@ async def resume_point(
             await restore(storage, await find(storage, entry.tag), output_dir)
             await journal.record_committed(entry.tag, entry.step, path, storage.describe)
             return path
+    return None
+
+
+async def local_resume_point(
+    journal: Journal, output_dir: Path, config: CheckpointsConfig
+) -> Path | None:
+    """What ``resume_point`` returns when it can answer without the store: None when there
+    is no resume point, or when the newest committed one must be restored first."""
+    for entry in reversed(await journal.entries("committed", "ready")):
+        path = output_dir / entry.tag
+        if await _unusable(journal, entry.tag, path, config) is None:
+            return path
+        if entry.state == "committed":
+            return None
+    return None
+
+
+async def _unusable(
+    journal: Journal, tag: str, path: Path, config: CheckpointsConfig
+) -> str | None:
+    """Why the checkpoint ``tag`` at ``path`` is no resume point as it is on disk, or None."""
+    seen = await asyncio.to_thread(snapshot.observe, path, config.markers)
+    if seen is None or not seen.marked:
+        return "resume point missing"
+    if changed := await asyncio.to_thread(snapshot.rewritten, path, await journal.files(tag)):
+        return f"saved again: {', '.join(changed)}"
     return None

@@ -20,7 +20,7 @@ from traind.checkpoints import snapshot
 from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts
-from traind.checkpoints.watcher import StageResult
+from traind.checkpoints.watcher import StageResult, parse_step
 from traind.errors import StorageError, TraindError
 from traind.progress import Progress, shown
 from traind.storage.base import LocalFile, Storage
@@ -65,6 +65,7 @@ class Streamer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._commit_lock = asyncio.Lock()
+        self._newest_first = False
 
     @property
     def queued(self) -> int:
@@ -128,7 +129,7 @@ class Streamer:
     async def run(self) -> None:
         """Commit queued checkpoints one at a time, until cancelled."""
         while True:
-            tag = await self._queue.get()
+            tag = await self._next()
             try:
                 await self.commit(tag)
                 self._failures.pop(tag, None)
@@ -142,6 +143,29 @@ class Streamer:
                 self.current = None
                 if not self._pending:
                     self._idle.set()
+
+    def prefer_newest(self) -> None:
+        """From now on take the newest queued checkpoint first: at shutdown, the one saved
+        for a preemption is the one that matters."""
+        self._newest_first = True
+
+    async def _next(self) -> str:
+        tag = await self._queue.get()
+        if not self._newest_first:
+            return tag
+        waiting = [tag]
+        while not self._queue.empty():
+            waiting.append(self._queue.get_nowait())
+        waiting.sort(key=lambda t: parse_step(t) or 0)
+        for older in waiting[:-1]:
+            self._queue.put_nowait(older)
+        return waiting[-1]
+
+    @property
+    def unstored(self) -> list[str]:
+        """The checkpoints not committed yet (queued, in flight, waiting for a retry),
+        newest first."""
+        return sorted(self._pending, key=lambda t: parse_step(t) or 0, reverse=True)
 
     @property
     def pending(self) -> int:

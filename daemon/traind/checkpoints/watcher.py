@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 import watchfiles
 
-from traind.checkpoints.completion import Action, Observation, Tracked, decide
+from traind.checkpoints.completion import Action, Observation, Tracked, decide, decide_at_stop
 from traind.checkpoints.snapshot import observe
 from traind.config import CheckpointsConfig
 
@@ -96,11 +96,41 @@ class Watcher:
         """Look at ``tag`` again, as if never seen: its snapshot was found rewritten."""
         self._done.discard(tag)
 
-    async def run(self) -> None:
-        """Scan on every wake-up until cancelled."""
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Scan on every wake-up until cancelled, or until ``stop`` is set (a scan under way
+        finishes first, so no snapshot is left half taken)."""
         self._dir.mkdir(parents=True, exist_ok=True)
-        async for _ in self._wakeups():
+        async for _ in self._wakeups(stop or asyncio.Event()):
             await self.scan()
+
+    async def final_scan(self, writer_gone: bool) -> list[str]:
+        """The last pass before shutdown, newest first: hand on every checkpoint that
+        ``decide_at_stop`` calls complete. Returns the marked ones it could not hand on; a
+        directory without a marker (a save cut short) is only warned about."""
+        found = await asyncio.to_thread(candidates, self._dir, self._config.pattern)
+        for tag in self._tracked:
+            found.setdefault(tag, parse_step(tag) or 0)
+        left = []
+        for tag, step in sorted(found.items(), key=lambda kv: kv[1], reverse=True):
+            if tag in self._done:
+                continue
+            seen = await asyncio.to_thread(observe, self._dir / tag, self._config.markers)
+            action = decide_at_stop(self._tracked.get(tag), seen, writer_gone)
+            if action is Action.STAGE and seen is not None:
+                result = await self._on_stage(tag, step, self._dir / tag)
+                if result is StageResult.GONE:
+                    continue  # vanished or unusable: already logged
+                action = Action.COMPLETE if result is StageResult.STAGED else Action.WAIT
+            if action is Action.COMPLETE:
+                self._tracked.pop(tag, None)
+                self._done.add(tag)
+                await self._on_complete(tag, step)
+            elif seen is not None and seen.marked:
+                left.append(tag)
+            elif seen is not None:
+                log.warning("checkpoint_incomplete_at_stop", tag=tag, step=step,
+                            reason="no completion marker: the save was cut short")
+        return left
 
     async def scan(self) -> None:
         """One pass over the output directory."""
@@ -127,7 +157,7 @@ class Watcher:
             self._done.add(tag)
             await self._on_complete(tag, step)
 
-    async def _wakeups(self) -> AsyncIterator[object]:
+    async def _wakeups(self, stop: asyncio.Event) -> AsyncIterator[object]:
         yield None  # the start-up scan
         interval_ms = max(50, int(self._config.poll_interval * 1000))
         async for changes in watchfiles.awatch(
@@ -141,5 +171,6 @@ class Watcher:
             debounce=10,
             step=1,
             recursive=True,
+            stop_event=stop,
         ):
             yield changes

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, TypedDict
 
 from traind.progress import Progress
 
-DaemonState = Literal["starting", "running", "stopping"]
+DaemonState = Literal["starting", "waiting_for_store", "running", "stopping"]
 
 
 class ChildInfo(TypedDict):

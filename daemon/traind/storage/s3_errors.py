@@ -1,9 +1,11 @@
 """S3 failures sorted into "retry" and "give up", translated into traind's errors, retried.
 
-A permanent failure (no such bucket, access denied, a wrong key or secret, an endpoint that
-never answered) raises StorageError at once with a message that names what is wrong. A
-transient one (connection reset, 5xx, throttling, a server restarting) is retried with capped
-exponential backoff and jitter, then raised as TransientStorageError.
+A permanent failure (no such bucket, access denied, a wrong key or secret) raises
+StorageError at once with a message that names what is wrong. A transient one (connection
+reset, 5xx, throttling, a server restarting) is retried with capped exponential backoff and
+jitter, then raised as TransientStorageError. An endpoint that never answered (refused, no
+DNS answer, connect timeout) may be down for now or misconfigured: it is reported at once,
+unretried, as TransientStorageError, and the daemon waits for it while a command says so.
 """
 
 from __future__ import annotations
@@ -106,8 +108,9 @@ def describe(exc: BaseException, op: str, key: str | None, target: Target) -> st
         return f"{op} on {where} {at} failed: {code or status} {msg}".rstrip()
     if isinstance(exc, bce.SSLError):
         return f"TLS handshake with {t.endpoint} failed: {exc}"
-    if isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError) and not t.reached:
-        return f"cannot reach the S3 endpoint {t.endpoint} (check storage.endpoint_url): {exc}"
+    if _unreached(exc, t):
+        return (f"cannot reach the S3 endpoint {t.endpoint} (down, or storage.endpoint_url "
+                f"is wrong): {exc}")
     if isinstance(exc, bce.NoCredentialsError):
         return ("no AWS credentials found: set storage.access_key_id and "
                 "storage.secret_access_key, storage.profile, or the AWS_* environment")
@@ -118,9 +121,16 @@ def describe(exc: BaseException, op: str, key: str | None, target: Target) -> st
     return f"{op} on {where} {at} failed: {type(exc).__name__}: {exc}"
 
 
+def _unreached(exc: BaseException, target: Target) -> bool:
+    """Whether ``exc`` failed to connect to an endpoint that has never answered."""
+    return (isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError)
+            and not target.reached)
+
+
 def translate(exc: BaseException, op: str, key: str | None, target: Target) -> StorageError:
     """The traind error for ``exc`` (raise it ``from exc``)."""
-    cls = TransientStorageError if is_transient(exc, target) else StorageError
+    transient = is_transient(exc, target) or _unreached(exc, target)
+    cls = TransientStorageError if transient else StorageError
     return cls(describe(exc, op, key, target))
 
 
@@ -157,6 +167,8 @@ async def retrying(
         except _LIBRARY_ERRORS as exc:
             if isinstance(exc, bce.ClientError):
                 target.reached = True
+            if _unreached(exc, target):  # down or misconfigured: the caller decides
+                raise TransientStorageError(describe(exc, op, key, target)) from exc
             if not is_transient(exc, target):
                 raise StorageError(describe(exc, op, key, target)) from exc
             if n == policy.retries:

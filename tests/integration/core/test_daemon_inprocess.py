@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from tests.support.checkpoints import write_checkpoint
+
 from traind.app import Daemon
+from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.checkpoints.manifest import Manifest
 from traind.config import validate
 from traind.errors import TransientStorageError
@@ -52,3 +55,35 @@ async def test_unreachable_store_at_startup_is_waited_for(tmp_path: Path) -> Non
     stop.set()
     async with asyncio.timeout(20):
         await task
+
+
+async def test_without_a_trainer_only_the_explicit_marker_completes_at_stop(
+    tmp_path: Path,
+) -> None:
+    """Watching a trainer it does not run, a stopping daemon commits a checkpoint that
+    carries traind's explicit marker at once, and names an unsettled one as unstored."""
+    out = tmp_path / "out"
+    settings = validate(
+        {
+            "run": {"name": "r", "output_dir": str(out), "state_dir": str(tmp_path / "state")},
+            "checkpoints": {"settle": "1h", "poll_interval": "1s"},
+            "storage": {"type": "local", "path": str(tmp_path / "unused")},
+            "status": {"enabled": False},
+        }
+    )
+    store = MemoryBackend()
+    daemon = Daemon(settings, storage=store)
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    async with asyncio.timeout(20):
+        while daemon.observer.state != "running":
+            assert not task.done()
+            await asyncio.sleep(0.05)
+    write_checkpoint(out, 1)
+    write_checkpoint(out, 2)
+    (out / "checkpoint-1" / EXPLICIT_MARKER).touch()
+    stop.set()
+    async with asyncio.timeout(20):
+        await task
+    assert sorted(store.manifest_by_tag) == ["checkpoint-1"]
+    assert daemon.unstored == ["checkpoint-2"]

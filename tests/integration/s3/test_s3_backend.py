@@ -333,17 +333,20 @@ async def test_permanent_errors_fail_fast(
 
 
 async def test_unreachable_endpoint_fails_fast(backends: Make, tmp_path: Path) -> None:
-    """An endpoint where nothing listens is reported as unreachable at once, not retried."""
+    """An endpoint where nothing listens is reported as unreachable at once, not retried,
+    and as transient: it may be a store that is down for now."""
     (port,) = free_ports(1)
     config = S3Storage(type="s3", bucket="b", endpoint_url=f"http://127.0.0.1:{port}",
                        region="us-east-1", access_key_id=SecretStr("k"),
                        secret_access_key=SecretStr("s"))
     backend = backends(config)
     started = time.monotonic()
-    with pytest.raises(StorageError, match=f"cannot reach the S3 endpoint http://127.0.0.1:{port}"):
+    with pytest.raises(StorageError, match=f"cannot reach the S3 endpoint http://127.0.0.1:{port}"
+                       ) as caught:
         async with asyncio.timeout(10):
             await backend.manifests()
     assert time.monotonic() - started < 3
+    assert isinstance(caught.value, TransientStorageError)
 
 
 async def test_probe_reports_the_failing_step(
