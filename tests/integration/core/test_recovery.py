@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.checkpoints import write_checkpoint
+from tests.support.checkpoints import run_in, write_checkpoint
 
 from traind.checkpoints import recovery
 from traind.checkpoints.journal import Journal
@@ -18,7 +18,7 @@ async def test_ready_snapshots_are_settled_against_the_store_once_it_answers(
     """Without manifests nothing ready is queued or marked; once they come, the one the
     store already holds is committed without a second upload and the other is queued."""
     store = MemoryBackend()
-    journal = Journal.in_state_dir(tmp_path / "state")
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     try:
         streamer = Streamer("r", tmp_path / "state", store, journal)
         for step in (1, 2):

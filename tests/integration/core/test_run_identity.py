@@ -105,7 +105,7 @@ def test_recovery_never_removes_another_runs_staging(tmp_path: Path) -> None:
         jb = Journal.in_state_dir(state, b)
         try:
             streamer_b = Streamer("b", state, store, jb)
-            assert await recovery.recover(streamer_b, jb, []) == []
+            assert await recovery.recover(streamer_b, jb, []) == ([], [])
             assert streamer_b.queued == 0
         finally:
             jb.close()
