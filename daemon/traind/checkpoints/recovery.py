@@ -13,7 +13,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import find, newest, restore
 from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import candidates
+from traind.checkpoints.watcher import candidates, tag_problem
 from traind.config import CheckpointsConfig
 from traind.storage.base import Storage
 
@@ -58,6 +58,10 @@ async def recover(streamer: Streamer, journal: Journal, manifests: list[Manifest
     keep: set[str] = set()
     tracked = []
     for entry in await journal.entries("staged", "ready"):
+        if (problem := tag_problem(entry.tag)) is not None:
+            # Journalled by a version that took any matching name: its snapshot is dropped.
+            log.warning("recovered_skipped", tag=entry.tag, state=entry.state, reason=problem)
+            continue
         have_snapshot = (staging / entry.tag).is_dir()
         if entry.tag in remote and entry.state == "ready":
             await journal.set_state(entry.tag, "committed")
