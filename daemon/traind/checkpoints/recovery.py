@@ -104,6 +104,8 @@ async def resume_point(
     or changed on disk is restored from the store first.
     """
     for entry in reversed(await journal.entries("committed", "ready")):
+        if tag_problem(entry.tag) is not None:
+            continue  # journalled by an older version that took any matching name
         path = output_dir / entry.tag
         seen = await asyncio.to_thread(snapshot.observe, path, config.markers)
         if seen is None or not seen.marked:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 from tests.support.checkpoints import setup, stored, write_checkpoint
@@ -82,6 +83,31 @@ def test_odd_name_journalled_by_an_older_version_does_not_crash_the_restart(
     assert stored(store, "exp") == expected
     assert [e["tag"] for e in daemon.named("recovered_skipped")] == [name]
     assert not staging.exists()
+
+
+def test_odd_name_journalled_by_an_older_version_is_no_resume_point(tmp_path: Path) -> None:
+    """A ready entry an older version journalled for an invalid tag, newer than every valid
+    checkpoint, is not handed to the trainer as the checkpoint to resume from."""
+    out, _, cfg = setup(tmp_path)
+    name = "checkpoint-ü-201"
+    write_odd(out, name)
+    journal = Journal.in_state_dir(tmp_path / "state")
+    try:
+        asyncio.run(journal.staged(name, 201, out / name, [LocalFile("model.bin", 100)]))
+        asyncio.run(journal.set_state(name, "ready"))
+    finally:
+        journal.close()
+    dump = tmp_path / "resume.txt"
+    code = f"import os; open({str(dump)!r}, 'w').write(os.environ.get('TRAIND_RESUME_FROM', '-'))"
+    trainer = json.dumps([sys.executable, "-c", code])
+    cfg.write_text(cfg.read_text() + f"\n[trainer]\ncommand = {trainer}\n")
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for("child_exited", timeout=30)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert dump.read_text() == "-"
 
 
 def test_odd_file_names_inside_a_checkpoint_are_committed(tmp_path: Path) -> None:

@@ -399,7 +399,8 @@ async def test_odd_file_names_round_trip(
     s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, puts: list[str]
 ) -> None:
     """Spaces, non-ASCII letters, quotes, ``$`` and URL syntax in file names are stored as
-    those UTF-8 keys (a multipart one among them), restored byte-identical and deleted."""
+    those UTF-8 keys (a multipart one among them), restored byte-identical, cleaned up when
+    abandoned and deleted."""
     root = tmp_path / "checkpoint-3"
     files = make_checkpoint(root, ODD_NAMES)
     backend = backends(s3_config(s3_server, bucket))
@@ -418,6 +419,14 @@ async def test_odd_file_names_round_trip(
         data = (root / name).read_bytes()
         assert got[name] == session.done[name] == hashlib.sha256(data).hexdigest()
         assert (tmp_path / "restore" / name).read_bytes() == data
+    client = s3_server.client()
+    try:  # an upload abandoned mid-way under an odd name is found and aborted
+        client.create_multipart_upload(Bucket=bucket, Key=prefix + "a b.bin")
+        async with asyncio.timeout(10):
+            assert await backend.cleanup([]) == 1
+        assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    finally:
+        client.close()
     async with asyncio.timeout(10):
         await backend.delete("checkpoint-3")
     assert keys_under(s3_server, bucket, prefix) == []
