@@ -104,7 +104,6 @@ class Observer:
         self._restarts[child.name] = child.restarts
         self.announce()
 
-
     def _sent(self, nbytes: int) -> None:
         """Bytes reached the store (a retried transfer takes back what it resends: the
         counter keeps it, those bytes were sent)."""
