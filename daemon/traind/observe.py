@@ -7,7 +7,8 @@ parts and keeps systemd's one-line STATUS and the Prometheus metrics current.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import newest
@@ -46,6 +47,8 @@ class Observer:
         self._committed: dict[str, model.CommittedInfo] = {}
         self._restarts: dict[str, int] = {}
         self.metrics.set_queue_depth(lambda: streamer.queued)
+        streamer.on_sent = self._sent
+        self.recent.listeners.append(self._logged)
 
     def snapshot(self) -> model.StatusSnapshot:
         """The whole ``/status`` document, now."""
@@ -83,10 +86,7 @@ class Observer:
         """A checkpoint was just committed by this daemon."""
         self._committed[manifest.tag] = _info(manifest)
         current = self._streamer.current
-        sent, seconds = (
-            (current[1].done, time.monotonic() - current[1].started) if current else (0, 0.0)
-        )
-        self.metrics.uploaded(sent)
+        seconds = time.monotonic() - current[1].started if current else 0.0
         self.metrics.committed(manifest.step, manifest.total_bytes, seconds)
         self.announce()
 
@@ -103,6 +103,25 @@ class Observer:
             self.metrics.restarted(child.name)
         self._restarts[child.name] = child.restarts
         self.announce()
+
+    def _sent(self, nbytes: int) -> None:
+        """Bytes reached the store (a retried transfer takes back what it resends: the
+        counter keeps it, those bytes were sent)."""
+        if nbytes > 0:
+            self.metrics.uploaded(nbytes)
+
+    def _logged(self, event: str, fields: Mapping[str, Any]) -> None:
+        """Count the failures the daemon logs, so ``/metrics`` and the journal agree."""
+        if event == "child_exited" and isinstance(code := fields.get("returncode"), int):
+            self.metrics.child_exited(str(fields.get("child", "")), code)
+        elif event == "checkpoint_upload_failed":
+            self.metrics.upload_failed()
+        elif event in _RETRY_EVENTS:
+            self.metrics.storage_retried(_RETRY_EVENTS[event])
+
+
+_RETRY_EVENTS = {"s3_retry": "s3", "ssh_retry": "ssh"}
+"""The events a backend logs when it retries an operation, and its name."""
 
 
 def _info(m: Manifest) -> model.CommittedInfo:

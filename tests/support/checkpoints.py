@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 from tests.support.daemon import write_config
@@ -39,6 +40,24 @@ CREATE TABLE IF NOT EXISTS resume (
 );
 """
 """The journal schema of traind before runs were kept (as that version wrote it)."""
+
+
+def write_old_journal_entry(
+    state_dir: Path, tag: str, step: int, source: Path, state: str, files: dict[str, int]
+) -> None:
+    """Journal ``tag`` in ``state_dir`` as a traind from before runs were kept did (its
+    schema, no run): ``files`` maps relative path to size, none stored yet."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(state_dir / "journal.sqlite3")
+    try:
+        db.executescript(OLD_JOURNAL_SCHEMA)
+        db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, NULL, 1.0)",
+                   (tag, step, str(source), state))
+        db.executemany("INSERT INTO files VALUES (?, ?, ?, NULL, NULL)",
+                       [(tag, path, size) for path, size in files.items()])
+        db.commit()
+    finally:
+        db.close()
 
 
 def write_checkpoint(

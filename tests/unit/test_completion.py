@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from traind.checkpoints.completion import Action, Observation, Tracked, decide, decide_at_stop
+from traind.checkpoints.watcher import listing, tag_problem
 
 A = frozenset({("model.bin", 10, 1), ("trainer_state.json", 2, 1)})
 B = frozenset({("model.bin", 20, 2), ("trainer_state.json", 2, 1)})
@@ -91,3 +94,17 @@ def test_at_stop_a_vanished_snapshot_is_complete() -> None:
     """Rotated away after its snapshot: complete, as at any other time."""
     assert decide_at_stop(Tracked(A, 100.0), None, writer_gone=True) is Action.COMPLETE
     assert decide_at_stop(None, None, writer_gone=True) is Action.IGNORE
+
+
+def test_directory_names_that_are_no_tag_are_set_apart(tmp_path: Path) -> None:
+    """Matching directories are checkpoints only with a valid tag ending in a step; the
+    others are named with the reason (so the watcher can warn once and skip them)."""
+    for name in ["checkpoint-1", "checkpoint-201 copy 2", "checkpoint-ü-201", "checkpoint-x",
+                 "other-3"]:
+        (tmp_path / name).mkdir()
+    found, odd = listing(tmp_path, "checkpoint-*")
+    assert found == {"checkpoint-1": 1}
+    assert sorted(odd) == ["checkpoint-201 copy 2", "checkpoint-x", "checkpoint-ü-201"]
+    assert odd["checkpoint-x"] == "no step number at the end of 'checkpoint-x'"
+    assert odd["checkpoint-201 copy 2"].startswith("unsafe tag")
+    assert tag_problem("checkpoint-7") is None

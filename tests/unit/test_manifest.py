@@ -66,10 +66,13 @@ def test_unsafe_tags(bad: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", ["/abs", "../x", "a/../b", "a//b", "a/./b", "sp ace", "traind-manifest.json", "q'"]
+    "bad",
+    ["", "/abs", "../x", "a/../b", "a//b", "a/./b", "a/", "traind-manifest.json", "a\nb",
+     "nul\0", "tab\t", "esc\x1b[0m", "\udcff-not-utf8"],
 )
 def test_unsafe_relpaths(bad: str) -> None:
-    """Relative paths never escape, never collide with the manifest."""
+    """Relative paths never escape, never collide with the manifest, hold no control
+    character."""
     with pytest.raises(UnsafePathError):
         check_relpath(bad)
 
@@ -79,3 +82,9 @@ def test_safe_names_pass() -> None:
     assert check_tag("checkpoint-400") == "checkpoint-400"
     assert check_relpath("global_step400/mp_rank_00_model_states.pt")
     assert check_relpath(".metadata")
+
+
+@pytest.mark.parametrize("name", ["a b.bin", "ü/ñ.json", "q'\"$(x)`;&.bin", " lead", "日本/語 .pt"])
+def test_relpaths_with_spaces_and_unicode_pass(name: str) -> None:
+    """File names with spaces, non-ASCII letters and shell characters are legal."""
+    assert check_relpath(name) == name

@@ -37,3 +37,47 @@ def test_restart_counters_start_at_zero_and_count_restarts() -> None:
     observer.child_changed(replace(vllm, state="healthy", starts=2, restarts=1))
     observer.child_changed(ChildStatus("trainer", "trainer", "running", 7, 1, 0, None, 0.0, None))
     assert restarts(observer) == {"vllm": 1, "trainer": 0}
+
+
+def samples(observer: Observer, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of metric ``name`` by their labels, as a scrape would see them."""
+    text = observer.metrics.render().decode()
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name
+    }
+
+
+def test_failures_the_daemon_logs_are_counted() -> None:
+    """Child exits (by child and code), failed checkpoint uploads and store retries are
+    counted from the log events that report them."""
+    streamer: Any = SimpleNamespace(queued=0, current=None)
+    observer = Observer("run", streamer, lambda: "s3", lambda: 0)
+    log = observer.recent.processor
+    log(None, "info", {"event": "child_exited", "child": "trainer", "returncode": 17})
+    log(None, "info", {"event": "child_exited", "child": "trainer", "returncode": 17})
+    log(None, "info", {"event": "child_exited", "child": "vllm", "returncode": -9})
+    log(None, "error", {"event": "checkpoint_upload_failed", "tag": "checkpoint-1"})
+    log(None, "warning", {"event": "s3_retry", "op": "put_object"})
+    log(None, "warning", {"event": "ssh_retry", "action": "upload"})
+    log(None, "warning", {"event": "s3_retry", "op": "upload_part"})
+    assert samples(observer, "traind_child_exits_total") == {
+        (("child", "trainer"), ("code", "17")): 2, (("child", "vllm"), ("code", "-9")): 1,
+    }
+    assert samples(observer, "traind_upload_failures_total") == {(): 1}
+    assert samples(observer, "traind_storage_retries_total") == {
+        (("backend", "s3"),): 2, (("backend", "ssh"),): 1,
+    }
+
+
+def test_uploaded_bytes_move_as_the_upload_reports_them() -> None:
+    """Bytes a backend reports sent count at once, not at commit; a retry taking bytes
+    back does not make the counter go down."""
+    streamer: Any = SimpleNamespace(queued=0, current=None)
+    observer = Observer("run", streamer, lambda: "s3", lambda: 0)
+    streamer.on_sent(5 * 1024 * 1024)
+    streamer.on_sent(-1024)
+    streamer.on_sent(1024)
+    assert samples(observer, "traind_uploaded_bytes_total") == {(): 5 * 1024 * 1024 + 1024}

@@ -111,11 +111,23 @@ def test_explicit_marker_is_not_part_of_the_checkpoint(tmp_path: Path) -> None:
 def test_unsafe_file_name_rejects_the_snapshot(tmp_path: Path) -> None:
     """A file whose name cannot be a storage key fails the snapshot and leaves nothing."""
     src = checkpoint(tmp_path)
-    (src / "bad name.bin").write_bytes(b"x")
-    with pytest.raises(UnsafePathError, match=r"^unsafe file name 'bad name\.bin': allowed"):
+    (src / "bad\nname.bin").write_bytes(b"x")
+    with pytest.raises(UnsafePathError, match=r"^unsafe relative path 'bad\\nname\.bin': control"):
         take(src, tmp_path / "staging/checkpoint-3")
     assert not (tmp_path / "staging/checkpoint-3").exists()
     assert not (tmp_path / "staging/checkpoint-3.tmp").exists()
+
+
+def test_spaces_and_unicode_in_file_names_are_snapshot(tmp_path: Path) -> None:
+    """Files named with spaces, non-ASCII letters or quotes are staged like any other."""
+    src = checkpoint(tmp_path)
+    names = ["a b.bin", "ü/ñ.json", "q'\"$x`.bin"]
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(name.encode())
+    snap = take(src, tmp_path / "staging/checkpoint-3")
+    assert set(names) <= {f.path for f in snap.files}
+    assert all((tmp_path / "staging/checkpoint-3" / n).read_bytes() == n.encode() for n in names)
 
 
 def test_a_checkpoint_without_files_is_refused(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import find, newest, restore
 from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import candidates
+from traind.checkpoints.watcher import candidates, tag_problem
 from traind.config import CheckpointsConfig
 from traind.storage.base import Storage
 
@@ -61,6 +61,10 @@ async def recover(
     tracked = []
     ready = []
     for entry in await journal.entries("staged", "ready"):
+        if (problem := tag_problem(entry.tag)) is not None:
+            # Journalled by a version that took any matching name: its snapshot is dropped.
+            log.warning("recovered_skipped", tag=entry.tag, state=entry.state, reason=problem)
+            continue
         have_snapshot = (staging / entry.tag).is_dir()
         if entry.state == "ready":
             ready.append(entry.tag)
@@ -121,6 +125,8 @@ async def resume_point(
     or changed on disk is restored from the store first.
     """
     for entry in reversed(await journal.entries("committed", "ready")):
+        if tag_problem(entry.tag) is not None:
+            continue  # journalled by an older version that took any matching name
         path = output_dir / entry.tag
         reason = await _unusable(journal, entry.tag, path, config)
         if reason is None:
@@ -140,6 +146,8 @@ async def local_resume_point(
     """What ``resume_point`` returns when it can answer without the store: None when there
     is no resume point, or when the newest committed one must be restored first."""
     for entry in reversed(await journal.entries("committed", "ready")):
+        if tag_problem(entry.tag) is not None:
+            continue  # journalled by an older version that took any matching name
         path = output_dir / entry.tag
         if await _unusable(journal, entry.tag, path, config) is None:
             return path

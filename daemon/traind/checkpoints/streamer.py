@@ -57,6 +57,8 @@ class Streamer:
         """Why the last attempt to snapshot a tag failed (until one succeeds)."""
         self._retry = (retry_initial, retry_max)
         self.current: tuple[str, Progress] | None = None
+        self.on_sent: Callable[[int], None] | None = None
+        """Told the bytes of every chunk an upload reports sent (from worker threads too)."""
         self.on_rewritten: OnRewritten | None = None
         """Told the tag of a checkpoint written again after it was complete (the watcher
         looks at it anew)."""
@@ -229,7 +231,7 @@ class Streamer:
         progress = progress or Progress(sum(f.size for f in pending))
         self.current = (tag, progress)
         if pending:
-            session = JournalSession(self._journal, tag, progress.advance)
+            session = JournalSession(self._journal, tag, _fan_out(progress.advance, self.on_sent))
             upload = self.storage.upload(tag, root, pending, session)
             if shown_by_caller:
                 await upload
@@ -268,6 +270,20 @@ async def _unchanged(tag: str, root: Path, stored: list[StoredFile]) -> None:
     changed = await asyncio.to_thread(snapshot.rewritten, root, stored)
     if changed:
         raise snapshot.RewrittenError(tag, changed)
+
+
+def _fan_out(
+    advance: Callable[[int], None], also: Callable[[int], None] | None
+) -> Callable[[int], None]:
+    """``advance``, and ``also`` when there is one."""
+    if also is None:
+        return advance
+
+    def both(nbytes: int) -> None:
+        advance(nbytes)
+        also(nbytes)
+
+    return both
 
 
 def _ack(acks: Path, tag: str) -> None:

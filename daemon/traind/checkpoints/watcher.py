@@ -21,6 +21,8 @@ import watchfiles
 from traind.checkpoints.completion import Action, Observation, Tracked, decide, decide_at_stop
 from traind.checkpoints.snapshot import observe
 from traind.config import CheckpointsConfig
+from traind.errors import UnsafePathError
+from traind.storage.keys import check_tag
 
 log = structlog.get_logger("traind.watcher")
 _STEP = re.compile(r"(\d+)$")
@@ -45,20 +47,39 @@ def parse_step(tag: str) -> int | None:
     return int(m[1]) if m else None
 
 
-def candidates(output_dir: Path, pattern: str) -> dict[str, int]:
-    """Directories in ``output_dir`` matching ``pattern`` with a step number: tag → step."""
+def tag_problem(name: str) -> str | None:
+    """Why the directory ``name`` cannot be a checkpoint tag, or None when it can."""
+    try:
+        check_tag(name)
+    except UnsafePathError as exc:
+        return str(exc)
+    if parse_step(name) is None:
+        return f"no step number at the end of {name!r}"
+    return None
+
+
+def listing(output_dir: Path, pattern: str) -> tuple[dict[str, int], dict[str, str]]:
+    """Directories in ``output_dir`` matching ``pattern``: tag → step of those that are
+    checkpoints, and name → why not of the others (``checkpoint-201 copy 2``)."""
     found: dict[str, int] = {}
+    odd: dict[str, str] = {}
     try:
         entries = list(output_dir.iterdir())
     except FileNotFoundError:
-        return found
+        return found, odd
     for entry in entries:
         name = entry.name
         if fnmatch.fnmatchcase(name, pattern) and not entry.is_symlink() and entry.is_dir():
-            step = parse_step(name)
-            if step is not None:
-                found[name] = step
-    return found
+            if (problem := tag_problem(name)) is not None:
+                odd[name] = problem
+            else:
+                found[name] = parse_step(name) or 0
+    return found, odd
+
+
+def candidates(output_dir: Path, pattern: str) -> dict[str, int]:
+    """Directories in ``output_dir`` matching ``pattern`` that are checkpoints: tag → step."""
+    return listing(output_dir, pattern)[0]
 
 
 class Watcher:
@@ -86,6 +107,8 @@ class Watcher:
         # Snapshots that survived a restart count as taken, but not as settled.
         start = time.monotonic()
         self._tracked: dict[str, Tracked] = {t: Tracked(frozenset(), start) for t in tracked}
+        self._skipped: set[str] = set()
+        """Names matching the pattern that are no checkpoint tag, each warned about once."""
 
     @property
     def tracking(self) -> int:
@@ -134,7 +157,11 @@ class Watcher:
 
     async def scan(self) -> None:
         """One pass over the output directory."""
-        found = await asyncio.to_thread(candidates, self._dir, self._config.pattern)
+        found, odd = await asyncio.to_thread(listing, self._dir, self._config.pattern)
+        for name in odd.keys() - self._skipped:
+            self._skipped.add(name)
+            log.warning("checkpoint_name_skipped", name=name, reason=odd[name],
+                        hint="not stored; a checkpoint directory is named like checkpoint-N")
         for tag in list(self._tracked):
             found.setdefault(tag, parse_step(tag) or 0)
         for tag, step in sorted(found.items(), key=lambda kv: kv[1]):

@@ -40,6 +40,20 @@ class Metrics:
             "traind_child_restarts_total", "Restarts of a supervised child.", ["child"],
             registry=r,
         )
+        self.child_exits = Counter(
+            "traind_child_exits_total",
+            "Exits of a supervised child, by exit code (negative: killed by that signal).",
+            ["child", "code"], registry=r,
+        )
+        self.upload_failures = Counter(
+            "traind_upload_failures_total",
+            "Attempts to store a checkpoint that failed (each is retried later).", registry=r,
+        )
+        self.storage_retries = Counter(
+            "traind_storage_retries_total",
+            "Store operations retried after a passing failure, by backend.", ["backend"],
+            registry=r,
+        )
         self.commit_seconds = Histogram(
             "traind_commit_seconds", "Seconds from upload start to manifest written.",
             buckets=COMMIT_BUCKETS, registry=r,
@@ -75,6 +89,18 @@ class Metrics:
     def restarted(self, child: str) -> None:
         """The supervised ``child`` was restarted."""
         self.child_restarts.labels(child=child).inc()
+
+    def child_exited(self, child: str, code: int) -> None:
+        """The supervised ``child`` exited with ``code``."""
+        self.child_exits.labels(child=child, code=str(code)).inc()
+
+    def upload_failed(self) -> None:
+        """An attempt to store a checkpoint failed."""
+        self.upload_failures.inc()
+
+    def storage_retried(self, backend: str) -> None:
+        """A store operation of ``backend`` (s3, ssh) is being retried."""
+        self.storage_retries.labels(backend=backend).inc()
 
     def add_child(self, child: str) -> None:
         """Export ``child``'s restart counter at 0 before its first restart."""

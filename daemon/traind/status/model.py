@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Literal, Protocol, TypedDict
 
 from traind.progress import Progress
@@ -150,15 +150,21 @@ def snapshot(
     )
 
 
+Listener = Callable[[str, Mapping[str, Any]], None]
+"""Told every log event: its name and fields."""
+
+
 class RecentErrors:
     """The last ``size`` error log events, kept for ``/status``.
 
     Add ``recent.processor`` to structlog's processors (before the renderer) and every
-    ``log.error(...)`` lands here as well as in the journal.
+    ``log.error(...)`` lands here as well as in the journal; ``listeners`` hear every event
+    (the metrics count failures from the events that report them).
     """
 
     def __init__(self, size: int = 20) -> None:
         self._items: deque[ErrorInfo] = deque(maxlen=size)
+        self.listeners: list[Listener] = []
 
     def add(self, event: str, message: str, at: float | None = None) -> None:
         """Remember one error."""
@@ -173,6 +179,8 @@ class RecentErrors:
         self, logger: Any, method: str, event_dict: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
         """A structlog processor recording ``error`` and ``critical`` events."""
+        for listener in self.listeners:
+            listener(str(event_dict.get("event", "")), event_dict)
         if method in ("error", "critical", "exception"):
             fields = " ".join(
                 f"{k}={v}" for k, v in event_dict.items()

@@ -1,8 +1,11 @@
 """Validation of the names that become storage keys: tags and relative paths.
 
-Every component is ``[A-Za-z0-9._-]+``, never ``.`` or ``..``; relative paths use ``/`` and
-are never absolute. Validating here, once, lets every backend build keys and remote paths
-by plain joining without any chance of escaping its prefix or injecting shell syntax.
+A tag (and a run name) is one ``[A-Za-z0-9._-]+`` component, never ``.`` or ``..``. A file's
+relative path inside a checkpoint may hold spaces and any printable Unicode (trainers write
+such names, and every store keeps them as UTF-8), but never a NUL or control character, an
+empty, ``.`` or ``..`` component, or a leading ``/``. Validating here, once, lets every backend
+build keys and remote paths by plain joining without any chance of escaping its prefix;
+no backend hands a path to a shell.
 """
 
 from __future__ import annotations
@@ -31,12 +34,20 @@ def check_tag(tag: str) -> str:
 
 
 def check_relpath(rel: str) -> str:
-    """Return ``rel`` if it is a safe relative file path inside a checkpoint."""
+    """Return ``rel`` if it is a safe relative file path inside a checkpoint: ``/``-separated
+    components of printable characters (spaces and non-ASCII letters included)."""
     if not rel or rel.startswith("/"):
         raise UnsafePathError(f"unsafe relative path {rel!r}: must be relative and non-empty")
-    parts = rel.split("/")
-    for part in parts:
-        check_component(part, "file name" if len(parts) == 1 else f"path component of {rel!r}:")
+    for part in rel.split("/"):
+        if part in {"", ".", ".."}:
+            raise UnsafePathError(
+                f"unsafe relative path {rel!r}: empty, '.' and '..' components are not allowed"
+            )
+        if not part.isprintable():
+            raise UnsafePathError(
+                f"unsafe relative path {rel!r}: control characters (and bytes that are not "
+                "UTF-8) are not allowed in file names"
+            )
     if rel == MANIFEST_NAME:
         raise UnsafePathError(f"a checkpoint may not contain a file named {MANIFEST_NAME}")
     return rel

@@ -5,7 +5,8 @@ path: file names go to rsync NUL-separated on stdin (``--files-from=- --from0``)
 ``--secluded-args`` hands the remote rsync its arguments through the protocol. rsync writes
 each file in a scratch directory (``--temp-dir``, removed afterwards), fsyncs it (``--fsync``)
 and renames it into place. sha256 for the manifest is computed locally while rsync runs; a
-rerun after a dropped connection skips the files rsync already finished.
+rerun after a dropped connection skips the files rsync already finished. Bytes sent are
+reported as rsync's ``--info=progress2`` counts them, so progress moves during a big file.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import shlex
 import shutil
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import asyncssh
@@ -29,7 +30,7 @@ from traind.storage.base import LocalFile, UploadSession
 from traind.storage.fileio import hash_file
 from traind.storage.ssh_command import ssh_argv, ssh_failure
 from traind.storage.ssh_link import SSHLink, retrying
-from traind.storage.ssh_sftp import makedirs
+from traind.storage.ssh_sftp import counted, makedirs
 
 MIN_VERSION = (3, 2, 4)
 """The first rsync with ``--fsync`` (and ``--secluded-args``); needed at both ends."""
@@ -37,6 +38,9 @@ MIN_VERSION = (3, 2, 4)
 SCRATCH = ".traind-rsync-tmp"
 """rsync's ``--temp-dir`` inside the checkpoint directory: removed after every successful run,
 so temporary files left by a killed transfer do not outlive the upload."""
+
+_PROGRESS = re.compile(rb"\s*([\d,]+)\s+\d+%")
+"""A ``--info=progress2`` line: the bytes sent so far in this run, then a percentage."""
 
 # rsync exit codes worth a retry: socket I/O, protocol stream, timeouts, and 255 (ssh failed).
 _TRANSIENT_CODES = {5, 10, 12, 30, 35, 255}
@@ -50,7 +54,7 @@ def rsync_argv(config: SSHStorage, known_hosts: Path, root: Path, remote_dir: st
     timeout = max(30, round(config.keepalive * 4))
     return [
         "rsync", "--secluded-args", "--files-from=-", "--from0", "--times", "--fsync",
-        f"--temp-dir={SCRATCH}", f"--timeout={timeout}",
+        f"--temp-dir={SCRATCH}", f"--timeout={timeout}", "--info=progress2",
         "-e", " ".join(shlex.quote(a) for a in ssh_argv(config, known_hosts)),
         "--", f"{root.resolve()}/", f"{host}:{remote_dir}/",
     ]
@@ -73,23 +77,31 @@ class RsyncTransfer:
         await self._link.call(f"create {scratch}", lambda sftp: makedirs(sftp, {scratch}))
         hashing = asyncio.ensure_future(_hash_all(root, files))
         try:
-            await self._run_with_retries(root, remote_dir, files)
+            with counted(session.advance) as sent:
+                await self._run_with_retries(root, remote_dir, files, sent)
             await self._link.call(f"remove {scratch}", lambda sftp: sftp.rmtree(scratch))
             shas = await hashing
         finally:
             if not hashing.done():
                 hashing.cancel()
                 await asyncio.gather(hashing, return_exceptions=True)
+        if rest := sum(f.size for f in files) - sent.moved:
+            session.advance(rest)  # what rsync did not count (a file it found already there)
         for f in files:
-            session.advance(f.size)
             await session.file_done(f.path, shas[f.path])
 
     async def _run_with_retries(
-        self, root: Path, remote_dir: str, files: Sequence[LocalFile]
+        self, root: Path, remote_dir: str, files: Sequence[LocalFile],
+        advance: Callable[[int], None],
     ) -> None:
         argv = rsync_argv(self._config, self._link.known_hosts, root, remote_dir)
         listing = b"\0".join(f.path.encode() for f in files) + b"\0"
-        await retrying(self._config, "rsync", lambda: _run(argv, listing, self._link))
+
+        async def attempt() -> None:
+            with counted(advance) as moved:  # a failed run's bytes are counted by its rerun
+                await _run(argv, listing, self._link, moved)
+
+        await retrying(self._config, "rsync", attempt)
 
 
 async def probe(link: SSHLink, conn: asyncssh.SSHClientConnection) -> None:
@@ -140,14 +152,45 @@ async def _hash_all(root: Path, files: Sequence[LocalFile]) -> dict[str, str]:
     return dict(await asyncio.gather(*(one(f) for f in files)))
 
 
-async def _run(argv: list[str], listing: bytes, link: SSHLink) -> None:
-    """Run rsync once; translate a failure into a (transient or permanent) StorageError."""
+def progress_totals(buffer: bytes) -> tuple[list[int], bytes]:
+    """The byte totals of the complete ``--info=progress2`` lines in ``buffer`` (rsync ends
+    them with ``\\r``, or ``\\n`` after a file), and the incomplete rest."""
+    *lines, rest = re.split(rb"[\r\n]", buffer)
+    return [int(m[1].replace(b",", b"")) for line in lines if (m := _PROGRESS.match(line))], rest
+
+
+async def _run(
+    argv: list[str], listing: bytes, link: SSHLink, advance: Callable[[int], None]
+) -> None:
+    """Run rsync once, reporting its progress through ``advance``; translate a failure into
+    a (transient or permanent) StorageError."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, start_new_session=True,
     )
+    stdin, stdout, stderr_pipe = proc.stdin, proc.stdout, proc.stderr
+    assert stdin is not None
+    assert stdout is not None
+    assert stderr_pipe is not None
+
+    async def feed() -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # rsync died: see rc
+            stdin.write(listing)
+            await stdin.drain()
+            stdin.close()
+
+    async def follow() -> None:
+        sent, rest = 0, b""
+        while chunk := await stdout.read(65536):
+            totals, rest = progress_totals(rest + chunk)
+            for total in totals:
+                if total > sent:
+                    advance(total - sent)
+                    sent = total
+
     try:
-        _, stderr = await proc.communicate(listing)
+        _, _, stderr = await asyncio.gather(feed(), follow(), stderr_pipe.read())
+        await proc.wait()
     except BaseException:
         # Cancelled: rsync and its ssh child go down with their process group.
         with contextlib.suppress(ProcessLookupError):

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from traind.config import ChildConfig, TrainerConfig
+from traind.config import ENV_PREFIX, ChildConfig, Settings, TrainerConfig
 from traind.supervisor.policy import Role
 
 CHILD_TAG = "TRAIND_CHILD_ID"
@@ -39,16 +39,31 @@ def owner_of(state_dir: Path) -> str:
     return str(state_dir.resolve())
 
 
+def config_variable(name: str) -> bool:
+    """Whether ``name`` is one of traind's own configuration overrides, as config.py's
+    environment source reads them (case-insensitively): ``TRAIND_<SECTION>`` (a JSON table)
+    or ``TRAIND_<SECTION>__<KEY>``. They hold the daemon's secrets (the store's keys), which
+    are not the children's business."""
+    upper = name.upper()
+    if not upper.startswith(ENV_PREFIX):
+        return False
+    head, nested, _ = upper.removeprefix(ENV_PREFIX).partition("__")
+    return bool(nested) or head.lower() in Settings.model_fields
+
+
 def _dropped(name: str, role: Role) -> bool:
     if name == "NOTIFY_SOCKET" or name.startswith("WATCHDOG_") or name in RUNTIME_VARS:
+        return True
+    if config_variable(name):
         return True
     distributed = name in DISTRIBUTED_VARS or name.startswith("TORCHELASTIC_")
     return distributed and role is not Role.TRAINER
 
 
 def child_env(base_env: Mapping[str, str], config: ChildConfig, role: Role) -> dict[str, str]:
-    """The environment for a child: ``base_env`` without systemd's and (except for the trainer)
-    torch.distributed's variables, GPUs pinned by PCI order, then the configured ``env``.
+    """The environment for a child: ``base_env`` without systemd's, traind's configuration
+    (``config_variable``) and (except for the trainer) torch.distributed's variables, GPUs
+    pinned by PCI order, then the configured ``env``.
 
     Python children are unbuffered unless told otherwise, so their output (progress) streams.
     A trainer with ``distributed = true`` gets a single-node rank-0 environment by default.

@@ -74,6 +74,9 @@ class ManagedProcess:
         self.state = State.EXITED
         self.pid: int | None = None
         self.returncode: int | None = None
+        self.last_exit: int | None = None
+        """The exit code of the last spawn that ended, kept across restarts (``returncode``
+        is the current spawn's, None while it runs)."""
         self.started_at = 0.0
         self.ended_at: float | None = None
         self.last_output = 0.0
@@ -185,7 +188,7 @@ class ManagedProcess:
 
     def _exit(self, pid: int, code: int) -> None:
         self.pid = pid
-        self.returncode = code
+        self.returncode = self.last_exit = code
         self.ended_at = time.monotonic()
         self._exited.set()
         self._log.info("child_exited", pid=self.pid, returncode=code,

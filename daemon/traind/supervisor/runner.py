@@ -34,7 +34,8 @@ class Launch:
 
 @dataclass(frozen=True)
 class ChildStatus:
-    """A child's state for the status page."""
+    """A child's state for the status page; ``returncode`` is its last exit code, kept
+    while a restart runs (None before its first exit)."""
 
     name: str
     role: str
@@ -116,7 +117,7 @@ class ChildRunner:
         p = self.process
         pid = p.pid if p.running else None
         return ChildStatus(self.name, self.role.value, self.state.value, pid, self.starts,
-                           self.restarts, p.returncode, self.since, self.outcome)
+                           self.restarts, p.last_exit, self.since, self.outcome)
 
     def request_restart(self, reason: str) -> None:
         """Stop the running child and start it again at once, outside the restart policy."""
@@ -178,7 +179,10 @@ class ChildRunner:
                      "decision": d.reason, "restarts_in_window": len(d.history.restarts)}
             if d.action is Action.RESTART:
                 self.process.set_state(State.BACKOFF)
-                self._log.warning("child_backoff", delay=round(d.delay, 3), **facts)
+                # A failure is an error (it shows in `traind status`); a planned restart is not.
+                (self._log.error if failed else self._log.warning)(
+                    "child_backoff", delay=round(d.delay, 3), **facts
+                )
                 await asyncio.sleep(d.delay)
                 self.restarts += 1
             elif d.action is Action.FATAL:
@@ -187,7 +191,7 @@ class ChildRunner:
                 return "fatal"
             else:
                 self.process.set_state(State.EXITED)
-                self._log.info("child_done", **facts)
+                (self._log.error if failed else self._log.info)("child_done", **facts)
                 return "failed" if failed else "finished"
 
     async def _run_once(self, launch: Launch) -> tuple[str, int | None, float]:

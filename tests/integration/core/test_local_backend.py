@@ -153,3 +153,31 @@ async def test_probe_reports_unwritable(tmp_path: Path) -> None:
     backend = LocalBackend(LocalStorage(path=tmp_path / "file"), "run")
     with pytest.raises(StorageError, match="local store"):
         await backend.probe()
+
+
+async def test_odd_file_names_round_trip(tmp_path: Path) -> None:
+    """Spaces, non-ASCII letters, quotes and ``$`` in file names are stored under exactly
+    those names and restored byte-identical."""
+    names = {"a b.bin": b"space", "ü/ñ.json": b"{}", "$(touch pwned) 'q' \"dq\" `x`.bin": b"q",
+             "dir with space/日本語 ünï.bin": os.urandom(2 * 1024 * 1024 + 3)}
+    src = tmp_path / "src" / "checkpoint-2"
+    for rel, data in names.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    files = [LocalFile(p, len(d)) for p, d in names.items()]
+    journal = Journal(tmp_path / "j.db", run_in(tmp_path))
+    await journal.staged("checkpoint-2", 2, src, files)
+    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    await backend.upload("checkpoint-2", src, files, JournalSession(journal, "checkpoint-2",
+                                                                    lambda n: None))
+    stored = await journal.files("checkpoint-2")
+    journal.close()
+    await backend.commit(Manifest(
+        "run", "checkpoint-2", 2, tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored)
+    ))
+    assert {n: (tmp_path / "store/run/checkpoint-2" / n).read_bytes() for n in names} == names
+    dest = await restore(backend, await find(backend, "latest"), tmp_path / "restored")
+    restored = {p.relative_to(dest).as_posix(): p.read_bytes()
+                for p in dest.rglob("*") if p.is_file()}
+    assert restored == names
+    assert not (tmp_path / "pwned").exists()

@@ -1,4 +1,5 @@
-"""Hostile tags and file names are rejected before any remote operation, or stored safely."""
+"""Hostile tags and file names are rejected before any remote operation, or stored safely;
+file names with spaces, non-ASCII letters and shell characters round-trip byte-identical."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from tests.support.sshd import SSHServer
 
 from traind.checkpoints.manifest import FileEntry, Manifest
+from traind.checkpoints.restore import restore
 from traind.errors import UnsafePathError
 from traind.storage.base import LocalFile
 from traind.storage.keys import MANIFEST_NAME
@@ -20,9 +22,14 @@ Store = Callable[..., Awaitable[Manifest]]
 
 HOSTILE_TAGS = ["../x", "..", ";rm -rf ~", "a b", "ünïcode", "x/y", "$(touch pwned)", ""]
 HOSTILE_PATHS = [
-    "../escape", "/etc/passwd", "a/../../b", "x;rm -rf ~", "sp ace.bin", "ünï.bin", "a//b",
-    "`touch pwned`", MANIFEST_NAME,
+    "../escape", "/etc/passwd", "a/../../b", "a//b", "new\nline", "nul\0.bin", MANIFEST_NAME,
 ]
+ODD_NAMES = {
+    "a b.bin": b"space", "ü/ñ.json": b'{"n": 1}', "x;rm -rf ~": b"semicolon",
+    "`touch pwned`": b"backticks", "$(touch pwned) 'q' \"dq\".bin": b"quotes and dollar",
+    "dir with space/日本語 ünï.bin": b"nested unicode", "-- lead": b"dashes",
+}
+"""Legal file names that a shell, a URL or rsync would misread if handed over unquoted."""
 
 
 class _Session:
@@ -101,3 +108,24 @@ async def test_option_like_names_are_stored_safely(
     assert stored == {f"store/run1/-rf/{name}" for name in [*contents, MANIFEST_NAME]}
     assert {name: (tag_dir / name).read_bytes() for name in contents} == contents
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])
+async def test_odd_file_names_round_trip(
+    transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint,
+    store: Store, remote: Path, tmp_path: Path,
+) -> None:
+    """Spaces, non-ASCII letters, quotes and ``$`` in file names are stored under exactly
+    those names and restored byte-identical."""
+    backend = make_backend(sshd, transfer=transfer)
+    root, files = checkpoint("checkpoint-1", ODD_NAMES)
+    async with asyncio.timeout(60):
+        manifest = await store(backend, "checkpoint-1", root, files)
+        dest = await restore(backend, manifest, tmp_path / "restored")
+    tag_dir = remote / "store" / "run1" / "checkpoint-1"
+    assert {n: (tag_dir / n).read_bytes() for n in ODD_NAMES} == ODD_NAMES
+    restored = {p.relative_to(dest).as_posix(): p.read_bytes()
+                for p in dest.rglob("*") if p.is_file()}
+    assert restored == ODD_NAMES
+    assert not (tmp_path / "pwned").exists()
+    assert not (remote / "pwned").exists()

@@ -89,6 +89,20 @@ def test_child_env_empty_gpus_hides_all() -> None:
     assert inherited["CUDA_VISIBLE_DEVICES"] == "2"
 
 
+def test_child_env_drops_traind_configuration() -> None:
+    """traind's own configuration variables (secrets among them) never reach a child;
+    other TRAIND_* names and a child's configured env do."""
+    own = {"TRAIND_STORAGE__SECRET_ACCESS_KEY": "s3cret", "traind_storage__password": "pw",
+           "TRAIND_STORAGE": '{"type": "s3"}', "TRAIND_RUN__NAME": "r",
+           "TRAIND_ANYTHING__ELSE": "x"}
+    kept = {"TRAIND_CONFIG": "/etc/traind/traind.toml", "TRAIND_S3_DIRECT": "0", "PATH": "/bin"}
+    for role in Role:
+        env = child_env({**own, **kept}, cfg("x", env={"TRAIND_RUN__NAME": "mine"}), role)
+        assert not own.keys() - {"TRAIND_RUN__NAME"} & env.keys()
+        assert env["TRAIND_RUN__NAME"] == "mine"
+        assert kept.items() <= env.items()
+
+
 async def test_spawned_child_gets_filtered_env(tmp_path: Path) -> None:
     """A real vLLM-role child sees the filtered environment plus its tracking tag."""
     lines: list[str] = []
