@@ -37,6 +37,20 @@ class NotFoundError(StorageError):
     """No such checkpoint in the store."""
 
 
+class ConflictError(StorageError):
+    """Another writer holds this checkpoint in the store; ours is not stored there."""
+
+    def __init__(self, tag: str, ours: str, theirs: str, where: str = "") -> None:
+        self.tag = tag
+        self.ours = ours
+        self.theirs = theirs
+        at = f" in {where}" if where else ""
+        super().__init__(
+            f"{tag}{at} belongs to writer {theirs}, not to this one ({ours}): another traind "
+            "with the same run.name writes to this store; the local copy is kept"
+        )
+
+
 class IntegrityError(StorageError):
     """Data does not match its manifest (size or sha256)."""
 
