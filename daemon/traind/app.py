@@ -122,8 +122,10 @@ class Daemon:
         )
         tracked = await recovery.recover(self.streamer, self.journal, manifests)
         done = {e.tag for e in await self.journal.entries("ready", "committed", "pruning",
-                                                          "pruned")}
-        done |= {m.tag for m in manifests}
+                                                          "pruned", "conflict")}
+        ours = await self.streamer.writer()
+        # Another writer's checkpoint of the same tag is not skipped: its claim tells ours.
+        done |= {m.tag for m in manifests if m.writer is None or m.writer.id == ours.id}
         if s.trainer or s.vllm or s.services:
             become_subreaper()
             self.supervisor = Supervisor(

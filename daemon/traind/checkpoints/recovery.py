@@ -52,10 +52,12 @@ async def restore_if_fresh(
 
 async def recover(streamer: Streamer, journal: Journal, manifests: list[Manifest]) -> list[str]:
     """Queue ready snapshots, re-track staged ones, mark as committed what reached the store,
-    delete orphaned staging; return the tags the watcher should keep tracking."""
-    remote = {m.tag for m in manifests}
+    delete orphaned staging (a conflict's snapshot is kept); return the tags the watcher
+    should keep tracking."""
+    ours = await streamer.writer()
+    remote = {m.tag for m in manifests if m.writer is None or m.writer.id == ours.id}
     staging = streamer.staging
-    keep: set[str] = set()
+    keep = {e.tag for e in await journal.entries("conflict")}
     tracked = []
     for entry in await journal.entries("staged", "ready"):
         have_snapshot = (staging / entry.tag).is_dir()
@@ -93,13 +95,14 @@ async def resume_point(
     """The newest complete checkpoint as a local directory the trainer can resume from;
     None before the first.
 
-    Complete means committed, or complete and waiting for its upload (``ready``), and on
+    Complete means committed, or complete and waiting for its upload (``ready``) or kept
+    after a conflict (this trainer's own progress, another writer's in the store), and on
     disk as it was snapshot: resuming from an older one would make the trainer save the
     waiting ones again, over the files their snapshots share, and a directory saved again
     since (perhaps torn by a crash mid-save) is no resume point. A committed one missing
     or changed on disk is restored from the store first.
     """
-    for entry in reversed(await journal.entries("committed", "ready")):
+    for entry in reversed(await journal.entries("committed", "ready", "conflict")):
         path = output_dir / entry.tag
         seen = await asyncio.to_thread(snapshot.observe, path, config.markers)
         if seen is None or not seen.marked:

@@ -13,6 +13,8 @@ from traind.errors import UnsafePathError
 
 _COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
 MANIFEST_NAME = "traind-manifest.json"
+CLAIM_NAME = "traind-writer.json"
+"""Beside the manifest: which writer took the tag (``Storage.claim``)."""
 
 
 def check_component(value: str, what: str = "name") -> str:
@@ -37,6 +39,6 @@ def check_relpath(rel: str) -> str:
     parts = rel.split("/")
     for part in parts:
         check_component(part, "file name" if len(parts) == 1 else f"path component of {rel!r}:")
-    if rel == MANIFEST_NAME:
-        raise UnsafePathError(f"a checkpoint may not contain a file named {MANIFEST_NAME}")
+    if rel in {MANIFEST_NAME, CLAIM_NAME}:
+        raise UnsafePathError(f"a checkpoint may not contain a file named {rel}")
     return rel
