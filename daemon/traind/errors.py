@@ -6,6 +6,11 @@ boundary where they happen, with the original kept as ``__cause__``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from traind.checkpoints.manifest import Manifest
+
 
 class TraindError(Exception):
     """traind failed."""
@@ -44,6 +49,8 @@ class ConflictError(StorageError):
         self.tag = tag
         self.ours = ours
         self.theirs = theirs
+        self.committed: Manifest | None = None
+        """The other writer's manifest of the tag, when it is committed."""
         at = f" in {where}" if where else ""
         super().__init__(
             f"{tag}{at} belongs to writer {theirs}, not to this one ({ours}): another traind "

@@ -39,32 +39,38 @@ class Side:
         return sorted(t for t, o in self.outcome.items() if isinstance(o, ConflictError))
 
 
+async def side(tmp_path: Path, name: str, store: Storage, steps: int) -> Side:
+    """Writer ``name`` (its own state_dir and output_dir under tmp_path/name) with
+    checkpoint-1..``steps`` written, staged and ready."""
+    root = tmp_path / name
+    journal = Journal.in_state_dir(root / "state")
+    streamer = Streamer("run1", root / "state", store, journal)
+    made = Side(root, streamer, journal, await streamer.writer())
+    (root / "out").mkdir(parents=True, exist_ok=True)
+    for step in range(1, steps + 1):
+        tag = f"checkpoint-{step}"
+        made.written[tag] = write_checkpoint(root / "out", step, size=96 * 1024)
+        await streamer.stage(tag, step, root / "out" / tag)
+        await journal.set_state(tag, "ready")
+    return made
+
+
 async def race(tmp_path: Path, stores: tuple[Storage, Storage], steps: int = 3) -> list[Side]:
     """Writers ``a`` and ``b`` (one store object each) commit checkpoint-1..``steps``,
     each tag by both at once; return both sides (journals closed by ``close``)."""
-    sides = []
-    for name, store in zip("ab", stores, strict=True):
-        root = tmp_path / name
-        journal = Journal.in_state_dir(root / "state")
-        streamer = Streamer("run1", root / "state", store, journal)
-        side = Side(root, streamer, journal, await streamer.writer())
-        for step in range(1, steps + 1):
-            tag = f"checkpoint-{step}"
-            side.written[tag] = write_checkpoint(root / "out", step, size=96 * 1024)
-            await streamer.stage(tag, step, root / "out" / tag)
-            await journal.set_state(tag, "ready")
-        sides.append(side)
+    sides = [await side(tmp_path, name, store, steps)
+             for name, store in zip("ab", stores, strict=True)]
 
-    async def commit(side: Side, tag: str) -> None:
+    async def commit(who: Side, tag: str) -> None:
         for _ in range(5):  # as the streamer's loop does: a transient failure is retried
             try:
-                side.outcome[tag] = await side.streamer.commit(tag)
+                who.outcome[tag] = await who.streamer.commit(tag)
                 return
             except TransientStorageError as exc:
-                side.outcome[tag] = exc
+                who.outcome[tag] = exc
                 await asyncio.sleep(random.uniform(0.05, 0.3))
             except Exception as exc:  # recorded, asserted by the caller
-                side.outcome[tag] = exc
+                who.outcome[tag] = exc
                 return
 
     async with asyncio.timeout(120):

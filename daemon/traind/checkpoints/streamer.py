@@ -23,6 +23,7 @@ from traind.checkpoints.watcher import StageResult
 from traind.errors import ConflictError, StorageError, TraindError
 from traind.progress import Progress, shown
 from traind.storage.base import LocalFile, Storage
+from traind.storage.fileio import hash_file
 
 log = structlog.get_logger("traind.streamer")
 
@@ -189,6 +190,29 @@ class Streamer:
                  "run its own run.name",
         )
 
+    async def _same(self, tag: str, manifest: Manifest) -> bool:
+        """Whether the snapshot of ``tag`` is, file for file and byte for byte, what
+        another writer committed (an output_dir shared with a host that stored it)."""
+        staged = await self._journal.files(tag)
+        if {(f.path, f.size) for f in staged} != {(f.path, f.size) for f in manifest.files}:
+            return False
+        want = {f.path: f.sha256 for f in manifest.files}
+        root = self.staging / tag
+        for f in staged:
+            _, sha = await asyncio.to_thread(hash_file, root / f.path)
+            if sha != want[f.path]:
+                return False
+        return True
+
+    async def _already_stored(self, tag: str, manifest: Manifest) -> Manifest:
+        """Another writer committed these very bytes: nothing to send, nothing in conflict."""
+        await self._journal.begin_upload(tag, self.storage.describe)
+        await self._journal.set_state(tag, "committed")
+        await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
+        log.info("checkpoint_already_stored", tag=tag, step=manifest.step,
+                 writer=str(manifest.writer or manifest.host), backend=self.storage.describe)
+        return manifest
+
     async def writer(self) -> Writer:
         """Who this daemon writes as (state_dir's ``writer-id`` and this host)."""
         if self._writer is None:
@@ -213,6 +237,8 @@ class Streamer:
             try:
                 return await self._commit(tag, progress)
             except ConflictError as exc:
+                if exc.committed is not None and await self._same(tag, exc.committed):
+                    return await self._already_stored(tag, exc.committed)
                 await self._conflict(exc)
                 raise
 

@@ -23,5 +23,7 @@ def check_committed(tag: str, ours: Writer | None, found: Manifest | None, where
         return
     theirs = found.writer
     if (theirs.id if theirs else None) != (ours.id if ours else None):
-        raise ConflictError(tag, str(ours), str(theirs or f"an older traind on {found.host}"),
-                            where)
+        conflict = ConflictError(tag, str(ours), str(theirs or f"an older traind on {found.host}"),
+                                 where)
+        conflict.committed = found
+        raise conflict

@@ -16,7 +16,7 @@ from typing import ParamSpec, TypeVar
 
 from traind.checkpoints.manifest import Manifest, Writer, listed
 from traind.config import LocalStorage
-from traind.errors import IntegrityError, StorageError
+from traind.errors import ConflictError, IntegrityError, StorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import check_claim, check_committed
 from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir
@@ -61,7 +61,11 @@ class LocalBackend:
     def _claim(self, tag: str, writer: Writer) -> None:
         path = self._root / check_tag(tag) / CLAIM_NAME
         if not create_exclusive(path, writer.to_json()):
-            check_claim(tag, writer, Writer.from_json(path.read_bytes()), str(path))
+            try:
+                check_claim(tag, writer, Writer.from_json(path.read_bytes()), str(path))
+            except ConflictError as exc:
+                exc.committed = self._manifest(tag)
+                raise
             return
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, self._manifest(tag), self.describe)

@@ -8,6 +8,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from traind.checkpoints.manifest import Manifest, Writer
+from traind.errors import ConflictError
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import check_claim, check_committed
 from traind.storage.keys import check_relpath, check_tag
@@ -37,7 +38,11 @@ class MemoryBackend:
 
     async def claim(self, tag: str, writer: Writer) -> None:
         if (holder := self.claims.get(check_tag(tag))) is not None:
-            check_claim(tag, writer, holder, self.describe)
+            try:
+                check_claim(tag, writer, holder, self.describe)
+            except ConflictError as exc:
+                exc.committed = self.manifest_by_tag.get(tag)
+                raise
             return
         check_committed(tag, writer, self.manifest_by_tag.get(tag), self.describe)
         self.claims[tag] = writer

@@ -24,7 +24,7 @@ import structlog
 
 from traind.checkpoints.manifest import Manifest, Writer, listed
 from traind.config import S3Storage
-from traind.errors import StorageError
+from traind.errors import ConflictError, StorageError
 from traind.storage import s3_claim
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import check_committed
@@ -119,8 +119,12 @@ class S3Backend:
         ops = await self._client()
         conditional = await self._honours_conditional(ops)
         base = self._key(tag)
-        if not await s3_claim.claim(ops, base, tag, writer, conditional, self._where(tag)):
-            return
+        try:
+            if not await s3_claim.claim(ops, base, tag, writer, conditional, self._where(tag)):
+                return
+        except ConflictError as exc:
+            exc.committed = await self._read_manifest(ops, tag)
+            raise
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, await self._read_manifest(ops, tag), self._where(tag))
         except StorageError:

@@ -31,6 +31,7 @@ LISTED = ("claims listed after writing (the store ignores If-None-Match): a tag 
           "writer's on a store with read-after-write consistency")
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _OFF = {"0", "false", "no", "off"}
+_UNSUPPORTED = {"NotImplemented", "501", "InvalidArgument", "InvalidRequest"}
 
 
 async def put_new(ops: Ops, key: str, body: bytes, conditional: bool) -> bool:
@@ -69,6 +70,10 @@ async def honours_conditional(ops: Ops, prefix: str) -> bool:
     try:
         first = await put_new(ops, key, b"1", conditional=True)
         second = await put_new(ops, key, b"2", conditional=True)
+    except StorageError as exc:  # a store that refuses the header outright
+        if error_code(exc.__cause__ or exc) not in _UNSUPPORTED:
+            raise
+        first = second = True
     finally:
         await ops.call("delete_object", key)
     honoured = first and not second

@@ -25,7 +25,7 @@ import structlog
 
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer, listed
 from traind.config import SSHStorage
-from traind.errors import StorageError
+from traind.errors import ConflictError, StorageError
 from traind.storage import ssh_rsync
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import check_claim, check_committed
@@ -130,15 +130,19 @@ class SSHBackend:
         base = self._tag_dir(tag)
         path = posixpath.join(base, CLAIM_NAME)
 
-        async def op(sftp: asyncssh.SFTPClient) -> tuple[bool, bytes | None]:
+        async def op(sftp: asyncssh.SFTPClient) -> tuple[bytes | None, bytes | None]:
             await makedirs(sftp, {base})
-            if await create_new(sftp, path, writer.to_json()):
-                return True, await read_bytes(sftp, posixpath.join(base, MANIFEST_NAME))
-            return False, await read_bytes(sftp, path)
+            claimed = None if await create_new(sftp, path, writer.to_json()) else (
+                await read_bytes(sftp, path) or b"")
+            return claimed, await read_bytes(sftp, posixpath.join(base, MANIFEST_NAME))
 
-        created, data = await self._link.call(f"claim {base}", op)
-        if not created:
-            check_claim(tag, writer, Writer.from_json(data or b""), self._where(path))
+        claimed, data = await self._link.call(f"claim {base}", op)
+        if claimed is not None:
+            try:
+                check_claim(tag, writer, Writer.from_json(claimed), self._where(path))
+            except ConflictError as exc:
+                exc.committed = Manifest.from_json(data) if data else None
+                raise
             return
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, Manifest.from_json(data) if data else None,

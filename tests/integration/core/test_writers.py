@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from tests.support.writers import check_one_writer_each, close, race
+from tests.support.writers import check_one_writer_each, close, race, side
 
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer
 from traind.config import LocalStorage
@@ -108,3 +109,32 @@ async def test_delete_removes_the_claim_last(tmp_path: Path) -> None:
     await store.delete("checkpoint-1")
     assert not (tmp_path / "store" / "run1" / "checkpoint-1").exists()
     await store.claim("checkpoint-1", B)
+
+
+async def test_the_same_bytes_another_writer_stored_are_no_conflict(tmp_path: Path) -> None:
+    """A checkpoint byte-identical to the one another writer committed (an output_dir shared
+    with it) is journalled committed without a byte sent; one differing in a byte conflicts."""
+    first = await side(tmp_path, "a", local(tmp_path), steps=2)
+    second = await side(tmp_path, "b", local(tmp_path), steps=0)
+    try:
+        for tag in ("checkpoint-1", "checkpoint-2"):
+            await first.streamer.commit(tag)
+        for step in (1, 2):
+            tag = f"checkpoint-{step}"
+            shutil.copytree(first.root / "out" / tag, second.root / "out" / tag)
+            await second.streamer.stage(tag, step, second.root / "out" / tag)
+            await second.journal.set_state(tag, "ready")
+        shard = second.streamer.staging / "checkpoint-2" / "shard-0.bin"
+        shard.write_bytes(b"x" + shard.read_bytes()[1:])  # same size, one byte different
+        with capture_logs() as logs:
+            got = await second.streamer.commit("checkpoint-1")
+            with pytest.raises(ConflictError):
+                await second.streamer.commit("checkpoint-2")
+        assert got.writer == first.writer
+        entry = await second.journal.get("checkpoint-1")
+        assert entry is not None
+        assert entry.state == "committed"
+        assert not (second.streamer.staging / "checkpoint-1").exists()
+        assert [e["event"] for e in logs] == ["checkpoint_already_stored", "checkpoint_conflict"]
+    finally:
+        close([first, second])

@@ -160,3 +160,30 @@ def test_check_config_says_how_the_store_keeps_one_writer(
                 "ssh": "exclusive create over SFTP"}
     kind = storage_section.split('"')[1]
     assert f"checkpoint ownership by {expected[kind]}" in result.stdout
+
+
+def test_new_host_on_a_shared_output_dir_finds_its_checkpoints_stored(tmp_path: Path) -> None:
+    """A daemon with a new state_dir (a new host) on an output_dir whose checkpoints another
+    writer committed recognises them byte for byte: no conflict, no error, nothing sent."""
+    cfg = host_config(tmp_path, "a", f'type = "local"\npath = "{tmp_path / "store"}"\n')
+    first = DaemonProcess(cfg)
+    try:
+        for step in (1, 2):
+            write_checkpoint(tmp_path / "a" / "out", step)
+        for tag in TAGS[:2]:
+            outcome(first, tag)
+        assert first.stop() == 0
+    finally:
+        first.kill()
+    text = cfg.read_text().replace(str(tmp_path / "a" / "state"), str(tmp_path / "new-state"))
+    cfg.write_text(text)
+    second = DaemonProcess(cfg)
+    try:
+        for tag in TAGS[:2]:
+            second.wait_for(lambda e, t=tag: e.get("event") == "checkpoint_already_stored"
+                            and e["tag"] == t, timeout=60)
+        assert second.stop() == 0
+    finally:
+        second.kill()
+    assert not [e for e in second.events if e.get("level") == "error"]
+    assert not second.named("checkpoint_committed")
