@@ -210,13 +210,14 @@ class SSHBackend:
         async def op(sftp: asyncssh.SFTPClient) -> None:
             await remove(sftp, posixpath.join(base, MANIFEST_NAME))
             with contextlib.suppress(asyncssh.SFTPNoSuchFile):
-                for name in await sftp.listdir(base):  # the claim goes last
-                    if name not in {".", "..", CLAIM_NAME}:
-                        path = posixpath.join(base, name)
-                        if await sftp.isdir(path):
-                            await sftp.rmtree(path)
-                        else:
-                            await remove(sftp, path)
+                for entry in await sftp.readdir(base):  # the claim goes last
+                    if entry.filename in {".", "..", CLAIM_NAME}:
+                        continue
+                    path = posixpath.join(base, str(entry.filename))
+                    if entry.attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY:
+                        await sftp.rmtree(path)
+                    else:
+                        await remove(sftp, path)
                 await sftp.rmtree(base)
 
         await self._link.call(f"delete {base}", op)

@@ -12,7 +12,7 @@ from tests.support.writers import check_one_writer_each, close, race
 
 from traind.checkpoints.manifest import Manifest, Writer
 from traind.errors import ConflictError
-from traind.storage.keys import CLAIM_NAME
+from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME
 
 
 @pytest.mark.parametrize("transfer", ["sftp", "rsync"])
@@ -52,7 +52,7 @@ async def test_manifest_is_created_once_and_probe_says_so(
     sshd: SSHServer, make_backend: MakeBackend, remote: Path,
 ) -> None:
     """Over SFTP a commit never replaces another writer's manifest, a retry of its own
-    may; the probe reports the exclusive create; delete leaves nothing."""
+    may; the probe reports the exclusive create; delete goes manifest, objects, claim."""
     store = make_backend(sshd)
     a, b = Writer("a" * 32, "host-a"), Writer("b" * 32, "host-b")
     async with asyncio.timeout(30):
@@ -63,5 +63,15 @@ async def test_manifest_is_created_once_and_probe_says_so(
             await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=b))
         await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=a))
         assert [m.writer for m in await store.manifests()] == [a]
+        tag_dir = remote / "store" / "run1" / "checkpoint-1"
+        (tag_dir / "sub").mkdir()
+        for rel in ("a.bin", "z.bin", "sub/b.bin"):
+            (tag_dir / rel).write_bytes(b"data")
+        before = len(sshd.sftp_operations())
         await store.delete("checkpoint-1")
     assert list((remote / "store" / "run1").iterdir()) == []
+    removed = [op.split('"')[1].removeprefix(f"{tag_dir}/")
+               for op in sshd.sftp_operations()[before:] if op.startswith("remove")]
+    assert removed[0] == MANIFEST_NAME
+    assert removed[-1] == CLAIM_NAME  # the tag stays claimed until its objects are gone
+    assert sorted(removed[1:-1]) == ["a.bin", "sub/b.bin", "z.bin"]
