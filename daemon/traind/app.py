@@ -17,7 +17,7 @@ import structlog
 
 from traind import config
 from traind.backoff import doubling
-from traind.checkpoints import pruner, recovery
+from traind.checkpoints import pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
@@ -144,8 +144,8 @@ class Daemon:
         )
         self._reached = manifests is not None
         done = {e.tag for e in await self.journal.entries("ready", "committed", "pruning",
-                                                          "pruned")}
-        done |= {m.tag for m in manifests or ()}
+                                                          "pruned", "conflict")}
+        done |= writer.written_by(manifests or (), await self.streamer.writer())
         self._done = done
         if s.trainer or s.vllm or s.services:
             become_subreaper()
@@ -222,7 +222,7 @@ class Daemon:
             )
             self._reached = True
             self.observer.known(manifests)
-            self._done.update(m.tag for m in manifests)
+            self._done |= writer.written_by(manifests, await self.streamer.writer())
             await recovery.reconcile(self.streamer, self.journal, manifests, self._unreconciled)
         await self.streamer.run()
 

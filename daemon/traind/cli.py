@@ -206,7 +206,7 @@ async def _check_config(args: argparse.Namespace) -> int:
     storage = open_storage(settings.storage, settings.run.name)
     try:
         async with asyncio.timeout(args.timeout):
-            await storage.probe()
+            claim = await storage.probe()
     except TimeoutError:
         raise TraindError(
             f"storage {storage.describe}: no complete answer within {args.timeout:g} s; check "
@@ -215,6 +215,7 @@ async def _check_config(args: argparse.Namespace) -> int:
     finally:
         await storage.aclose()
     print(f"storage {storage.describe}: reachable and writable")
+    print(f"storage {storage.describe}: checkpoint ownership by {claim}")
     return 0
 
 

@@ -6,6 +6,11 @@ boundary where they happen, with the original kept as ``__cause__``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from traind.checkpoints.manifest import Manifest
+
 
 class TraindError(Exception):
     """traind failed."""
@@ -35,6 +40,22 @@ class TransientStorageError(StorageError):
 
 class NotFoundError(StorageError):
     """No such checkpoint in the store."""
+
+
+class ConflictError(StorageError):
+    """Another writer holds this checkpoint in the store; ours is not stored there."""
+
+    def __init__(self, tag: str, ours: str, theirs: str, where: str = "") -> None:
+        self.tag = tag
+        self.ours = ours
+        self.theirs = theirs
+        self.committed: Manifest | None = None
+        """The other writer's manifest of the tag, when it is committed."""
+        at = f" in {where}" if where else ""
+        super().__init__(
+            f"{tag}{at} belongs to writer {theirs}, not to this one ({ours}): another traind "
+            "with the same run.name writes to this store; the local copy is kept"
+        )
 
 
 class IntegrityError(StorageError):

@@ -2,7 +2,8 @@
 
 States: ``staged`` (snapshot taken, may still change) → ``ready`` (complete, queued) →
 ``committed`` (manifest stored) → ``pruning`` (its manifest may be gone from the store, its
-files not yet) → ``pruned`` (removed from the store by retention).
+files not yet) → ``pruned`` (removed from the store by retention); or ``ready`` →
+``conflict`` (another writer holds the tag in the store: never retried, snapshot kept).
 Per file it keeps its size and mtime when snapshot (a later rewrite by the trainer is told
 apart), the sha256 once the file is durably stored, and opaque resume state for backends
 that upload in parts. Every write is one transaction, fsynced, so a daemon killed
@@ -32,7 +33,7 @@ import structlog
 from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.storage.base import LocalFile
 
-State = Literal["staged", "ready", "committed", "pruning", "pruned"]
+State = Literal["staged", "ready", "committed", "pruning", "pruned", "conflict"]
 P = ParamSpec("P")
 T = TypeVar("T")
 log = structlog.get_logger("traind.journal")

@@ -45,6 +45,34 @@ class TrainerFacts:
 
 
 @dataclass(frozen=True)
+class Writer:
+    """The traind that wrote a checkpoint: its id (one per state_dir) and its host.
+
+    Kept explicit so that a checkpoint several hosts write on purpose can later name each
+    host's part; today one writer owns a checkpoint whole.
+    """
+
+    id: str
+    host: str
+
+    def __str__(self) -> str:
+        return f"{self.id[:12]}@{self.host}"
+
+    def to_json(self) -> bytes:
+        """The claim object's body in the store."""
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Writer:
+        """Parse a claim object; raise IntegrityError if malformed."""
+        try:
+            raw = json.loads(data)
+            return cls(id=str(raw["id"]), host=str(raw["host"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IntegrityError(f"malformed writer claim: {exc}") from exc
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A committed checkpoint: every file with its size and sha256, and facts about it."""
 
@@ -56,6 +84,8 @@ class Manifest:
     host: str = field(default_factory=socket.gethostname)
     trainer: TrainerFacts = field(default_factory=TrainerFacts)
     version: int = FORMAT_VERSION
+    writer: Writer | None = None
+    """Who committed it; None in manifests written before writers were recorded."""
 
     @property
     def total_bytes(self) -> int:
@@ -89,6 +119,7 @@ class Manifest:
                 host=str(raw["host"]),
                 trainer=TrainerFacts(**raw.get("trainer") or {}),
                 version=int(raw["version"]),
+                writer=Writer(str(w["id"]), str(w["host"])) if (w := raw.get("writer")) else None,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"malformed manifest: {exc}") from exc

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints import snapshot
+from traind.checkpoints import snapshot, writer
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import find, newest, restore
@@ -53,11 +53,12 @@ async def restore_if_fresh(
 async def recover(
     streamer: Streamer, journal: Journal, manifests: list[Manifest] | None
 ) -> tuple[list[str], list[str]]:
-    """Re-track staged snapshots, delete orphaned staging, and settle ready snapshots against
-    the store (``reconcile``); return the tags the watcher should keep tracking, and the
-    ready tags still to reconcile when ``manifests`` is None (the store not reached yet)."""
+    """Re-track staged snapshots, delete orphaned staging (a conflict's snapshot is kept), and
+    settle ready snapshots against the store (``reconcile``); return the tags the watcher
+    should keep tracking, and the ready tags still to reconcile when ``manifests`` is None
+    (the store not reached yet)."""
     staging = streamer.staging
-    keep: set[str] = set()
+    keep = {e.tag for e in await journal.entries("conflict")}
     tracked = []
     ready = []
     for entry in await journal.entries("staged", "ready"):
@@ -94,8 +95,9 @@ async def reconcile(
     streamer: Streamer, journal: Journal, manifests: list[Manifest], ready: list[str]
 ) -> None:
     """Once the store answered: mark as committed the ``ready`` tags it holds, queue the
-    others whose snapshot is there, and remove what interrupted uploads left in the store."""
-    remote = {m.tag for m in manifests}
+    others whose snapshot is there, and remove what interrupted uploads left in the store.
+    Another writer's manifest of the same tag is not ours: the claim tells the streamer."""
+    remote = writer.written_by(manifests, await streamer.writer())
     for tag in ready:
         if tag in remote:
             await journal.set_state(tag, "committed")
@@ -118,13 +120,14 @@ async def resume_point(
     """The newest complete checkpoint as a local directory the trainer can resume from;
     None before the first.
 
-    Complete means committed, or complete and waiting for its upload (``ready``), and on
+    Complete means committed, or complete and waiting for its upload (``ready``) or kept
+    after a conflict (this trainer's own progress, another writer's in the store), and on
     disk as it was snapshot: resuming from an older one would make the trainer save the
     waiting ones again, over the files their snapshots share, and a directory saved again
     since (perhaps torn by a crash mid-save) is no resume point. A committed one missing
     or changed on disk is restored from the store first.
     """
-    for entry in reversed(await journal.entries("committed", "ready")):
+    for entry in reversed(await journal.entries("committed", "ready", "conflict")):
         if tag_problem(entry.tag) is not None:
             continue  # journalled by an older version that took any matching name
         path = output_dir / entry.tag
@@ -145,7 +148,7 @@ async def local_resume_point(
 ) -> Path | None:
     """What ``resume_point`` returns when it can answer without the store: None when there
     is no resume point, or when the newest committed one must be restored first."""
-    for entry in reversed(await journal.entries("committed", "ready")):
+    for entry in reversed(await journal.entries("committed", "ready", "conflict")):
         if tag_problem(entry.tag) is not None:
             continue  # journalled by an older version that took any matching name
         path = output_dir / entry.tag

@@ -16,14 +16,15 @@ from pathlib import Path
 import structlog
 
 from traind.backoff import doubling
-from traind.checkpoints import snapshot
+from traind.checkpoints import snapshot, writer
 from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
-from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts
+from traind.checkpoints.manifest import FileEntry, Manifest, Writer, read_trainer_facts
 from traind.checkpoints.watcher import StageResult, parse_step
-from traind.errors import StorageError, TraindError
+from traind.errors import ConflictError, StorageError, TraindError
 from traind.progress import Progress, shown
 from traind.storage.base import LocalFile, Storage
+from traind.storage.fileio import hash_file
 
 log = structlog.get_logger("traind.streamer")
 
@@ -46,6 +47,8 @@ class Streamer:
         retry_max: float = 300.0,
     ) -> None:
         self._run = run
+        self._state_dir = state_dir
+        self._writer: Writer | None = None
         self.staging = staging_dir(state_dir, journal.run)
         self.acks = ack_dir(state_dir, journal.run)
         self.storage = storage
@@ -139,6 +142,9 @@ class Streamer:
             except snapshot.RewrittenError as exc:
                 await self._rewritten(exc)
                 self._pending.discard(tag)  # the watcher has it again
+            except ConflictError:
+                self._failures.pop(tag, None)
+                self._pending.discard(tag)  # never retried: the tag is another writer's
             except (StorageError, OSError) as exc:
                 self._retry_later(tag, exc)  # still pending
             finally:
@@ -201,6 +207,47 @@ class Streamer:
         if self.on_rewritten is not None:
             self.on_rewritten(exc.tag)
 
+    async def _conflict(self, exc: ConflictError) -> None:
+        """Another writer holds the tag: stop for good and keep every local copy."""
+        await self._journal.set_state(exc.tag, "conflict")
+        log.error(
+            "checkpoint_conflict", tag=exc.tag, ours=exc.ours, theirs=exc.theirs,
+            theirs_committed=exc.committed is not None, backend=self.storage.describe,
+            kept=str(self.staging / exc.tag),
+            hint="another traind with the same run.name writes to this store (or its "
+                 "upload of this tag never finished); this checkpoint is not stored there "
+                 "and its local copy is kept: give each run its own run.name",
+        )
+
+    async def _same(self, tag: str, manifest: Manifest) -> bool:
+        """Whether the snapshot of ``tag`` is, file for file and byte for byte, what
+        another writer committed (an output_dir shared with a host that stored it)."""
+        staged = await self._journal.files(tag)
+        if {(f.path, f.size) for f in staged} != {(f.path, f.size) for f in manifest.files}:
+            return False
+        want = {f.path: f.sha256 for f in manifest.files}
+        root = self.staging / tag
+        for f in staged:
+            _, sha = await asyncio.to_thread(hash_file, root / f.path)
+            if sha != want[f.path]:
+                return False
+        return True
+
+    async def _already_stored(self, tag: str, manifest: Manifest) -> Manifest:
+        """Another writer committed these very bytes: nothing to send, nothing in conflict."""
+        await self._journal.begin_upload(tag, self.storage.describe)
+        await self._journal.set_state(tag, "committed")
+        await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
+        log.info("checkpoint_already_stored", tag=tag, step=manifest.step,
+                 writer=str(manifest.writer or manifest.host), backend=self.storage.describe)
+        return manifest
+
+    async def writer(self) -> Writer:
+        """Who this daemon writes as (state_dir's ``writer-id`` and this host)."""
+        if self._writer is None:
+            self._writer = await asyncio.to_thread(writer.load_or_create, self._state_dir)
+        return self._writer
+
     async def replace_storage(self, new: Storage) -> Storage:
         """Send everything from now on to ``new``; return the old backend.
 
@@ -213,9 +260,16 @@ class Streamer:
         return old
 
     async def commit(self, tag: str, progress: Progress | None = None) -> Manifest:
-        """Upload what is not stored yet of ``tag``, then write its manifest."""
+        """Claim ``tag`` in the store, upload what is not stored yet, then write its
+        manifest; raise ConflictError (journalled, logged) when it is another writer's."""
         async with self._commit_lock:
-            return await self._commit(tag, progress)
+            try:
+                return await self._commit(tag, progress)
+            except ConflictError as exc:
+                if exc.committed is not None and await self._same(tag, exc.committed):
+                    return await self._already_stored(tag, exc.committed)
+                await self._conflict(exc)
+                raise
 
     async def _commit(self, tag: str, progress: Progress | None) -> Manifest:
         entry = await self._journal.get(tag)
@@ -223,6 +277,8 @@ class Streamer:
             raise StorageError(f"checkpoint {tag} is not in the journal")
         root = self.staging / tag
         started = time.monotonic()
+        ours = await self.writer()
+        await self.storage.claim(tag, ours)  # before any byte: never over another's objects
         await self._journal.begin_upload(tag, self.storage.describe)
         stored = await self._journal.files(tag)
         await _unchanged(tag, root, stored)
@@ -249,6 +305,7 @@ class Streamer:
             step=entry.step,
             files=tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored),
             trainer=await asyncio.to_thread(read_trainer_facts, root),
+            writer=ours,
         )
         await self.storage.commit(manifest)
         await self._journal.set_state(tag, "committed")

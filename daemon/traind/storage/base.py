@@ -2,7 +2,9 @@
 
 A backend stores files under ``<prefix>/<run>/<tag>/<path>`` and the manifest at
 ``<prefix>/<run>/<tag>/traind-manifest.json``. A checkpoint exists only when its manifest
-does: ``manifests()`` lists manifests only, ``delete()`` removes the manifest first.
+does: ``manifests()`` lists manifests only, ``delete()`` removes the manifest first. A tag
+belongs to one writer: ``claim()`` takes it (``traind-writer.json``) before any data goes
+out, with the store's atomic create, and ``delete()`` removes the claim last.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.manifest import Manifest, Writer
 
 Advance = Callable[[int], None]
 """Progress callback: called with the number of bytes just moved (thread-safe, cheap)."""
@@ -56,8 +58,14 @@ class Storage(Protocol):
     ) -> None:
         """Store ``files`` (relative to ``root``) under ``tag``, sha256 computed while reading."""
 
+    async def claim(self, tag: str, writer: Writer) -> None:
+        """Take ``tag`` for ``writer`` before any of its data goes out, atomically: of two
+        writers racing, one gets it. Held (or committed) by ``writer`` already: nothing to
+        do; by another writer: raise ConflictError."""
+
     async def commit(self, manifest: Manifest) -> None:
-        """Write the manifest: after this the checkpoint exists."""
+        """Write the manifest, never over one already there (unless its writer is this
+        manifest's, a retried commit): after this the checkpoint exists."""
 
     async def manifests(self) -> list[Manifest]:
         """Every committed checkpoint of this run, in no particular order."""
@@ -71,8 +79,10 @@ class Storage(Protocol):
     async def delete(self, tag: str) -> None:
         """Remove a checkpoint: manifest first, then its files. Missing is not an error."""
 
-    async def probe(self) -> None:
-        """Check the store is reachable and writable; raise StorageError saying what fails."""
+    async def probe(self) -> str:
+        """Check the store is reachable and writable; raise StorageError saying what fails.
+        Return how ``claim`` makes a tag one writer's on this store (for check-config)."""
+        ...
 
     async def cleanup(self, resume_states: Collection[str]) -> int:
         """Remove what interrupted uploads left in the store that none of ``resume_states``

@@ -337,3 +337,27 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def create_exclusive(target: Path, data: bytes) -> bool:
+    """Create ``target`` holding ``data`` unless it exists; return whether this call made it.
+
+    Written whole under a unique temporary name, fsynced, then hard-linked into place:
+    ``link`` fails atomically when the name exists (on NFS too, unlike ``O_EXCL`` on old
+    servers), so of two racing writers exactly one wins and no reader sees a partial file.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}.traind-part")
+    try:
+        with open(part, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(part, target)
+        except FileExistsError:
+            return False
+    finally:
+        part.unlink(missing_ok=True)
+    fsync_dir(target.parent)
+    return True

@@ -16,6 +16,8 @@ from traind.errors import UnsafePathError
 
 _COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
 MANIFEST_NAME = "traind-manifest.json"
+CLAIM_NAME = "traind-writer.json"
+"""Beside the manifest: which writer took the tag (``Storage.claim``)."""
 
 
 def check_component(value: str, what: str = "name") -> str:
@@ -48,6 +50,6 @@ def check_relpath(rel: str) -> str:
                 f"unsafe relative path {rel!r}: control characters (and bytes that are not "
                 "UTF-8) are not allowed in file names"
             )
-    if rel == MANIFEST_NAME:
-        raise UnsafePathError(f"a checkpoint may not contain a file named {MANIFEST_NAME}")
+    if rel in {MANIFEST_NAME, CLAIM_NAME}:
+        raise UnsafePathError(f"a checkpoint may not contain a file named {rel}")
     return rel

@@ -1,7 +1,8 @@
 """The local backend: a directory on local disk or an NFS mount (the default; needs nothing).
 
 Each file is written as ``<name>.traind-part``, fsynced and renamed, so a file with its
-final name is always whole; the manifest goes the same way, last.
+final name is always whole; the manifest goes the same way, last. The claim and the
+manifest are created exclusively (a hard link, which fails when the name exists).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from traind.checkpoints.manifest import Manifest, listed
+from traind.checkpoints.manifest import Manifest, Writer, listed
 from traind.config import LocalStorage
-from traind.errors import IntegrityError, StorageError
+from traind.errors import ConflictError, IntegrityError, StorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.fileio import copy_hashed, fsync_dir
-from traind.storage.keys import MANIFEST_NAME, check_relpath, check_tag
+from traind.storage.claim import check_claim, check_committed
+from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir
+from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.tasks import task_group
 
 PART_SUFFIX = ".traind-part"
@@ -53,9 +55,38 @@ class LocalBackend:
             for f in files:
                 tg.create_task(one(f))
 
+    async def claim(self, tag: str, writer: Writer) -> None:
+        await _io(self._claim, tag, writer)
+
+    def _claim(self, tag: str, writer: Writer) -> None:
+        path = self._root / check_tag(tag) / CLAIM_NAME
+        if not create_exclusive(path, writer.to_json()):
+            try:
+                check_claim(tag, writer, Writer.from_json(path.read_bytes()), str(path))
+            except ConflictError as exc:
+                exc.committed = self._manifest(tag)
+                raise
+            return
+        try:  # committed by a traind from before claims: a manifest without a claim
+            check_committed(tag, writer, self._manifest(tag), self.describe)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+
+    def _manifest(self, tag: str) -> Manifest | None:
+        path = self._root / tag / MANIFEST_NAME
+        return Manifest.from_json(path.read_bytes()) if path.is_file() else None
+
     async def commit(self, manifest: Manifest) -> None:
+        await _io(self._commit, manifest)
+
+    def _commit(self, manifest: Manifest) -> None:
         target = self._root / check_tag(manifest.tag) / MANIFEST_NAME
-        await _io(_write_atomic, target, manifest.to_json())
+        data = manifest.to_json()
+        if not create_exclusive(target, data):
+            check_committed(manifest.tag, manifest.writer, self._manifest(manifest.tag),
+                            self.describe)
+            _write_atomic(target, data)  # our own, retried: the objects are these
 
     async def manifests(self) -> list[Manifest]:
         return await _io(self._read_manifests)
@@ -91,18 +122,26 @@ class LocalBackend:
     @staticmethod
     def _delete(path: Path) -> None:
         (path / MANIFEST_NAME).unlink(missing_ok=True)
-        if path.exists():
-            fsync_dir(path)
+        if not path.exists():
+            return
+        fsync_dir(path)
+        for entry in path.iterdir():  # the claim goes last: nobody writes here meanwhile
+            if entry.name != CLAIM_NAME:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
         shutil.rmtree(path, ignore_errors=True)
 
-    async def probe(self) -> None:
-        await _io(self._probe)
+    async def probe(self) -> str:
+        return await _io(self._probe)
 
-    def _probe(self) -> None:
+    def _probe(self) -> str:
         probe = self._root / ".traind-probe"
         probe.parent.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"ok")
         probe.unlink()
+        return "exclusive create (hard link): a tag is one writer's"
 
     async def cleanup(self, resume_states: Collection[str]) -> int:
         # Partial files are rewritten by the next upload of their checkpoint.

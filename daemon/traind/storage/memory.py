@@ -7,17 +7,20 @@ import hashlib
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.manifest import Manifest, Writer
+from traind.errors import ConflictError
 from traind.storage.base import Advance, LocalFile, UploadSession
+from traind.storage.claim import check_claim, check_committed
 from traind.storage.keys import check_relpath, check_tag
 
 
 class MemoryBackend:
-    """Keeps objects in a dict keyed ``<tag>/<path>``; manifests separately."""
+    """Keeps objects in a dict keyed ``<tag>/<path>``; manifests and claims separately."""
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
         self.manifest_by_tag: dict[str, Manifest] = {}
+        self.claims: dict[str, Writer] = {}
 
     @property
     def describe(self) -> str:
@@ -33,7 +36,20 @@ class MemoryBackend:
             await session.file_done(f.path, hashlib.sha256(data).hexdigest())
             await asyncio.sleep(0)
 
+    async def claim(self, tag: str, writer: Writer) -> None:
+        if (holder := self.claims.get(check_tag(tag))) is not None:
+            try:
+                check_claim(tag, writer, holder, self.describe)
+            except ConflictError as exc:
+                exc.committed = self.manifest_by_tag.get(tag)
+                raise
+            return
+        check_committed(tag, writer, self.manifest_by_tag.get(tag), self.describe)
+        self.claims[tag] = writer
+
     async def commit(self, manifest: Manifest) -> None:
+        found = self.manifest_by_tag.get(manifest.tag)
+        check_committed(manifest.tag, manifest.writer, found, self.describe)
         self.manifest_by_tag[manifest.tag] = manifest
 
     async def manifests(self) -> list[Manifest]:
@@ -54,9 +70,10 @@ class MemoryBackend:
         self.manifest_by_tag.pop(tag, None)
         for key in [k for k in self.objects if k.startswith(f"{tag}/")]:
             del self.objects[key]
+        self.claims.pop(tag, None)
 
-    async def probe(self) -> None:
-        return None
+    async def probe(self) -> str:
+        return "a dict (one event loop: atomic)"
 
     async def cleanup(self, resume_states: Collection[str]) -> int:
         # Partial files are rewritten by the next upload of their checkpoint.

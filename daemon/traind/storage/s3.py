@@ -22,11 +22,13 @@ from typing import Any
 
 import structlog
 
-from traind.checkpoints.manifest import Manifest, listed
+from traind.checkpoints.manifest import Manifest, Writer, listed
 from traind.config import S3Storage
-from traind.errors import StorageError
+from traind.errors import ConflictError, StorageError
+from traind.storage import s3_claim
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.keys import MANIFEST_NAME, check_relpath, check_tag
+from traind.storage.claim import check_committed
+from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.s3_client import Ops, open_client, target_of
 from traind.storage.s3_direct import direct_client
 from traind.storage.s3_download import RANGE_SIZE, fetch_file
@@ -53,6 +55,8 @@ class S3Backend:
         self._ops: Ops | None = None
         self._lock = asyncio.Lock()
         self._bandwidth = TokenBucket(config.max_bandwidth) if config.max_bandwidth else None
+        self._conditional: bool | None = None
+        """Whether the store honours If-None-Match (found on first need)."""
 
     @property
     def describe(self) -> str:
@@ -103,11 +107,39 @@ class S3Backend:
         log.info("s3_uploaded", tag=tag, files=len(files), bytes=nbytes,
                  seconds=round(seconds, 3), mb_per_s=round(nbytes / 1e6 / max(seconds, 1e-9), 1))
 
+    async def _honours_conditional(self, ops: Ops) -> bool:
+        if self._conditional is None:
+            self._conditional = await s3_claim.honours_conditional(ops, self._run_prefix)
+        return self._conditional
+
+    def _where(self, tag: str) -> str:
+        return f"s3://{self._config.bucket}/{self._key(tag)}"
+
+    async def claim(self, tag: str, writer: Writer) -> None:
+        ops = await self._client()
+        conditional = await self._honours_conditional(ops)
+        base = self._key(tag)
+        try:
+            if not await s3_claim.claim(ops, base, tag, writer, conditional, self._where(tag)):
+                return
+        except ConflictError as exc:
+            exc.committed = await self._read_manifest(ops, tag)
+            raise
+        try:  # committed by a traind from before claims: a manifest without a claim
+            check_committed(tag, writer, await self._read_manifest(ops, tag), self._where(tag))
+        except StorageError:
+            await ops.call("delete_object", base + CLAIM_NAME)
+            raise
+
     async def commit(self, manifest: Manifest) -> None:
         ops = await self._client()
         body = manifest.to_json()
-        await ops.call("put_object", self._key(manifest.tag) + MANIFEST_NAME,
-                       body=memoryview(body), ContentType="application/json")
+        key = self._key(manifest.tag) + MANIFEST_NAME
+        conditional = await self._honours_conditional(ops)
+        if not conditional or not await s3_claim.put_new(ops, key, body, conditional=True):
+            found = await self._read_manifest(ops, manifest.tag)
+            check_committed(manifest.tag, manifest.writer, found, self._where(manifest.tag))
+            await s3_claim.put_new(ops, key, body, conditional=False)
         log.info("s3_committed", tag=manifest.tag, files=len(manifest.files),
                  bytes=manifest.total_bytes)
 
@@ -186,25 +218,39 @@ class S3Backend:
     async def delete(self, tag: str) -> None:
         ops = await self._client()
         prefix = self._key(tag)
+        claim = prefix + CLAIM_NAME
         await ops.call("delete_object", prefix + MANIFEST_NAME)
         deleted = 0
+        claims: set[str] = set()
         while True:
-            # Listing from the start each round: deleted keys drop out of the listing.
+            # Listing from the start each round: deleted keys drop out of the listing. The
+            # claims are kept to the end, so no other writer takes the tag meanwhile.
             page = await ops.call("list_objects_v2", Prefix=prefix, MaxKeys=DELETE_BATCH)
-            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            listed_keys = {str(obj["Key"]) for obj in page.get("Contents", [])}
+            mine = {k for k in listed_keys
+                    if k == claim or k.startswith(prefix + s3_claim.CLAIMS_DIR)}
+            claims |= mine
+            keys = sorted(listed_keys - mine)
             if not keys:
                 break
-            resp = await ops.call("delete_objects", Delete={"Objects": keys, "Quiet": True})
-            if errors := resp.get("Errors"):
-                first = errors[0]
-                raise StorageError(
-                    f"deleting {len(errors)} objects of s3://{self._config.bucket}/{prefix} "
-                    f"failed, first {first.get('Key')}: {first.get('Code')} {first.get('Message')}"
-                )
+            await self._delete_batch(ops, prefix, keys)
             deleted += len(keys)
+        if others := sorted(claims - {claim}):
+            await self._delete_batch(ops, prefix, others)
+        await ops.call("delete_object", claim)
         log.info("s3_deleted", tag=tag, objects=deleted)
 
-    async def probe(self) -> None:
+    async def _delete_batch(self, ops: Ops, prefix: str, keys: list[str]) -> None:
+        resp = await ops.call("delete_objects",
+                              Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
+        if errors := resp.get("Errors"):
+            first = errors[0]
+            raise StorageError(
+                f"deleting {len(errors)} objects of s3://{self._config.bucket}/{prefix} "
+                f"failed, first {first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+            )
+
+    async def probe(self) -> str:
         ops = await self._client()
         key = f"{self._run_prefix}.traind-probe-{uuid.uuid4().hex}"
         steps: list[tuple[str, str, str | None, dict[str, Any]]] = [
@@ -220,7 +266,10 @@ class S3Backend:
                 if op == "head_bucket" and error_code(exc.__cause__ or exc) in {"400", "403"}:
                     exc = await self._diagnose(ops) or exc
                 raise type(exc)(f"probe failed at {what}: {exc}") from exc.__cause__
-        log.info("s3_probe_ok", bucket=self._config.bucket, prefix=self._run_prefix)
+        self._conditional = await s3_claim.honours_conditional(ops, self._run_prefix)
+        claim = s3_claim.CONDITIONAL if self._conditional else s3_claim.LISTED
+        log.info("s3_probe_ok", bucket=self._config.bucket, prefix=self._run_prefix, claim=claim)
+        return claim
 
     async def _diagnose(self, ops: Ops) -> StorageError | None:
         """HEAD errors have no body; a GET on the bucket says which credential is wrong."""

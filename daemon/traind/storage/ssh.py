@@ -6,7 +6,8 @@ written as ``<name>.traind-part`` and renamed once whole and fsynced, the manife
 (no shell), and tags and paths are validated again here before they become remote paths.
 The connection lives in ``ssh_link`` (host keys, reconnects); file data moves by
 ``transfer``: over asyncssh (``ssh_sftp``), over the system ssh client speaking SFTP
-(``ssh_openssh``), or with rsync (``ssh_rsync``). Metadata always goes over asyncssh.
+(``ssh_openssh``), or with rsync (``ssh_rsync``). Metadata always goes over asyncssh,
+the claim (``traind-writer.json``) and the manifest as exclusive creates.
 """
 
 from __future__ import annotations
@@ -22,15 +23,24 @@ from pathlib import Path
 import asyncssh
 import structlog
 
-from traind.checkpoints.manifest import FileEntry, Manifest, listed
+from traind.checkpoints.manifest import FileEntry, Manifest, Writer, listed
 from traind.config import SSHStorage
+from traind.errors import ConflictError, StorageError
 from traind.storage import ssh_rsync
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.keys import MANIFEST_NAME, check_component, check_relpath, check_tag
+from traind.storage.claim import check_claim, check_committed
+from traind.storage.keys import (
+    CLAIM_NAME,
+    MANIFEST_NAME,
+    check_component,
+    check_relpath,
+    check_tag,
+)
 from traind.storage.ssh_errors import translate
 from traind.storage.ssh_link import SSHLink
 from traind.storage.ssh_openssh import OpenSSHTransfer
 from traind.storage.ssh_sftp import (
+    create_new,
     get_file,
     makedirs,
     parents,
@@ -112,16 +122,52 @@ class SSHBackend:
         return await self._link.call(
             f"download {remote}", lambda sftp: get_file(sftp, remote, local, advance))
 
+    def _where(self, path: str) -> str:
+        return f"{self._link.target.host}:{path}"
+
+    async def claim(self, tag: str, writer: Writer) -> None:
+        """Create ``traind-writer.json`` exclusively, or find it is ``writer``'s already."""
+        base = self._tag_dir(tag)
+        path = posixpath.join(base, CLAIM_NAME)
+
+        async def op(sftp: asyncssh.SFTPClient) -> tuple[bytes | None, bytes | None]:
+            await makedirs(sftp, {base})
+            claimed = None if await create_new(sftp, path, writer.to_json()) else (
+                await read_bytes(sftp, path) or b"")
+            return claimed, await read_bytes(sftp, posixpath.join(base, MANIFEST_NAME))
+
+        claimed, data = await self._link.call(f"claim {base}", op)
+        if claimed is not None:
+            try:
+                check_claim(tag, writer, Writer.from_json(claimed), self._where(path))
+            except ConflictError as exc:
+                exc.committed = Manifest.from_json(data) if data else None
+                raise
+            return
+        try:  # committed by a traind from before claims: a manifest without a claim
+            check_committed(tag, writer, Manifest.from_json(data) if data else None,
+                            self._where(base))
+        except StorageError:
+            await self._link.call(f"unclaim {base}", lambda sftp: remove(sftp, path))
+            raise
+
     async def commit(self, manifest: Manifest) -> None:
-        """Write the manifest (temporary name, fsync, rename): now the checkpoint exists."""
+        """Create the manifest exclusively (written whole, then linked): now the checkpoint
+        exists. One there already is replaced only when it is this writer's (a retry)."""
         base = self._tag_dir(manifest.tag)
+        path = posixpath.join(base, MANIFEST_NAME)
         data = manifest.to_json()
 
-        async def op(sftp: asyncssh.SFTPClient) -> None:
+        async def op(sftp: asyncssh.SFTPClient) -> bytes | None:
             await makedirs(sftp, {base})
-            await write_bytes(sftp, posixpath.join(base, MANIFEST_NAME), data)
+            return None if await create_new(sftp, path, data) else await read_bytes(sftp, path)
 
-        await self._link.call(f"commit {base}", op)
+        found = await self._link.call(f"commit {base}", op)
+        if found is None:
+            return
+        check_committed(manifest.tag, manifest.writer, Manifest.from_json(found),
+                        self._where(path))
+        await self._link.call(f"commit {base}", lambda sftp: write_bytes(sftp, path, data))
 
     async def manifests(self) -> list[Manifest]:
         """Every committed checkpoint of the run (directories without a manifest are not)."""
@@ -164,11 +210,19 @@ class SSHBackend:
         async def op(sftp: asyncssh.SFTPClient) -> None:
             await remove(sftp, posixpath.join(base, MANIFEST_NAME))
             with contextlib.suppress(asyncssh.SFTPNoSuchFile):
+                for entry in await sftp.readdir(base):  # the claim goes last
+                    if entry.filename in {".", "..", CLAIM_NAME}:
+                        continue
+                    path = posixpath.join(base, str(entry.filename))
+                    if entry.attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY:
+                        await sftp.rmtree(path)
+                    else:
+                        await remove(sftp, path)
                 await sftp.rmtree(base)
 
         await self._link.call(f"delete {base}", op)
 
-    async def probe(self) -> None:
+    async def probe(self) -> str:
         """Connect, create remote_path, write and remove a file there; say what fails."""
         link = self._link
         conn = await link.connect()  # its errors already say what failed (DNS, auth, ...)
@@ -186,10 +240,19 @@ class SSHBackend:
                 await ssh_rsync.probe(link, conn)
             if self._openssh:
                 await self._openssh.probe()
+            step = "create a file exclusively in"
+            exclusive = await create_new(sftp, probe, b"1") and not await create_new(
+                sftp, probe, b"2")
+            await sftp.remove(probe)
         except (asyncssh.Error, OSError) as exc:
             raise translate(exc, link.target, f"{step} {self._root}") from exc
         finally:
             conn.abort()
+        if not exclusive:
+            log.warning("ssh_exclusive_create_ignored", root=self._root)
+            return ("none: this SFTP server lets an exclusive create replace a file, so two "
+                    "writers of one run.name could mix a checkpoint")
+        return "exclusive create over SFTP (hard link, else O_EXCL): a tag is one writer's"
 
     async def cleanup(self, resume_states: Collection[str]) -> int:
         """Nothing to do: a partial file is rewritten by the next upload of its checkpoint."""

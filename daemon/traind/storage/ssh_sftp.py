@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import posixpath
+import secrets
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -120,6 +121,43 @@ async def write_bytes(sftp: asyncssh.SFTPClient, remote: str, data: bytes) -> No
         await f.write(data)
         await _fsync(f)
     await rename(sftp, part, remote)
+
+
+async def create_new(sftp: asyncssh.SFTPClient, remote: str, data: bytes) -> bool:
+    """Create a small file only if ``remote`` does not exist; return whether this call did.
+
+    Written whole under a unique name, fsynced, then hard-linked into place (OpenSSH's
+    ``hardlink@openssh.com``), which fails when the name exists; a server without it gets
+    an exclusive-create open (``O_CREAT|O_EXCL``) written in place.
+    """
+    part = f"{remote}.{secrets.token_hex(6)}{PART_SUFFIX}"
+    try:
+        async with await sftp.open(part, "wb") as f:
+            await f.write(data)
+            await _fsync(f)
+        await sftp.link(part, remote)
+    except asyncssh.SFTPOpUnsupported:
+        return await _create_exclusive(sftp, remote, data)
+    except (asyncssh.SFTPFailure, asyncssh.SFTPFileAlreadyExists):
+        if await sftp.exists(remote):  # SFTP v3 reports "exists" as a plain failure
+            return False
+        raise
+    finally:
+        await remove(sftp, part)
+    return True
+
+
+async def _create_exclusive(sftp: asyncssh.SFTPClient, remote: str, data: bytes) -> bool:
+    try:
+        f = await sftp.open(remote, "xb")
+    except (asyncssh.SFTPFailure, asyncssh.SFTPFileAlreadyExists):
+        if await sftp.exists(remote):
+            return False
+        raise
+    async with f:
+        await f.write(data)
+        await _fsync(f)
+    return True
 
 
 async def read_bytes(sftp: asyncssh.SFTPClient, remote: str) -> bytes | None:

@@ -29,8 +29,10 @@ CONTENTS = {
 
 
 def _renames(ops: list[str]) -> list[str]:
-    """Targets of the SFTP posix-renames in the server's operation log, in order."""
-    return [op.rsplit(' new "', 1)[1].rstrip('"') for op in ops if op.startswith("posix-rename")]
+    """Targets of the SFTP posix-renames and hard links (exclusive creates) in the server's
+    operation log, in order."""
+    return [op.rsplit(' new "', 1)[1].rstrip('"') for op in ops
+            if op.startswith(("posix-rename", "hardlink"))]
 
 
 @pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])

@@ -1,0 +1,124 @@
+"""Taking a tag for one writer on S3: a conditional write, or a listing where there is none.
+
+With conditional writes (``If-None-Match: *``; AWS S3 since 2024, SeaweedFS, MinIO, R2) the
+claim object ``<tag>/traind-writer.json`` and the manifest are created only when absent, so
+of two racing writers the store lets exactly one through. A store that ignores the header
+(found once per backend with a probe object written twice, or ``TRAIND_S3_CONDITIONAL=0``)
+gets a listing protocol instead, safe on a store with read-after-write consistency: every
+writer puts its own ``<tag>/traind-claims/<id>.json`` and then lists them; alone, it has won
+and writes the claim object; not alone, it withdraws, and loses for good if another
+remains (two withdrawn writers both retry later).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import structlog
+
+from traind.checkpoints.manifest import Writer
+from traind.errors import StorageError, TransientStorageError
+from traind.storage.claim import check_claim
+from traind.storage.s3_client import Ops
+from traind.storage.s3_errors import error_code
+
+log = structlog.get_logger("traind.s3")
+CLAIMS_DIR = "traind-claims/"
+CONDITIONAL = "conditional writes (If-None-Match: *): a tag is one writer's"
+LISTED = ("claims listed after writing (the store ignores If-None-Match): a tag is one "
+          "writer's on a store with read-after-write consistency")
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+_OFF = {"0", "false", "no", "off"}
+_UNSUPPORTED = {"NotImplemented", "501", "InvalidArgument", "InvalidRequest"}
+
+
+async def put_new(ops: Ops, key: str, body: bytes, conditional: bool) -> bool:
+    """Put ``body`` at ``key`` unless an object is there; return whether this put made it.
+    Without ``conditional`` the caller already holds the tag and the put is plain."""
+    params: dict[str, Any] = {"IfNoneMatch": "*"} if conditional else {}
+    try:
+        await ops.call("put_object", key, body=memoryview(body), ContentType="application/json",
+                       **params)
+    except StorageError as exc:
+        if error_code(exc.__cause__ or exc) in {"PreconditionFailed", "412"}:
+            return False
+        raise
+    return True
+
+
+async def get(ops: Ops, key: str) -> bytes | None:
+    """The object at ``key``, or None when there is none."""
+    try:
+        resp = await ops.call("get_object", key)
+        async with resp["Body"] as body:
+            data: bytes = await body.read()
+    except StorageError as exc:
+        if error_code(exc.__cause__ or exc) in _MISSING:
+            return None
+        raise
+    return data
+
+
+async def honours_conditional(ops: Ops, prefix: str) -> bool:
+    """Whether the store refuses a second ``If-None-Match: *`` put of one key (the probe
+    object is removed again)."""
+    if os.environ.get("TRAIND_S3_CONDITIONAL", "").strip().lower() in _OFF:
+        return False
+    key = f"{prefix}.traind-probe-claim-{uuid.uuid4().hex}"
+    try:
+        first = await put_new(ops, key, b"1", conditional=True)
+        second = await put_new(ops, key, b"2", conditional=True)
+    except StorageError as exc:  # a store that refuses the header outright
+        if error_code(exc.__cause__ or exc) not in _UNSUPPORTED:
+            raise
+        first = second = True
+    finally:
+        await ops.call("delete_object", key)
+    honoured = first and not second
+    if not honoured:
+        log.warning("s3_conditional_writes_ignored", prefix=prefix, claim=LISTED)
+    return honoured
+
+
+async def claim(ops: Ops, base: str, tag: str, writer: Writer, conditional: bool,
+                where: str) -> bool:
+    """Take the tag whose objects live under ``base`` (``.../<tag>/``) for ``writer``;
+    return True when this call took it, False when ``writer`` held it already. Raise
+    ConflictError when another writer holds it."""
+    key = base + "traind-writer.json"
+    if conditional:
+        if await put_new(ops, key, writer.to_json(), conditional=True):
+            return True
+    elif (data := await get(ops, key)) is None:
+        await _claim_listed(ops, base, tag, writer, where)
+        await put_new(ops, key, writer.to_json(), conditional=False)
+        return True
+    data = await get(ops, key)
+    if data is None:  # taken and pruned meanwhile: the next attempt finds it free
+        raise TransientStorageError(f"{tag}: the claim in {where} vanished; retrying")
+    check_claim(tag, writer, Writer.from_json(data), where)
+    return False
+
+
+async def _claim_listed(ops: Ops, base: str, tag: str, writer: Writer, where: str) -> None:
+    mine = f"{base}{CLAIMS_DIR}{writer.id}.json"
+    await put_new(ops, mine, writer.to_json(), conditional=False)
+    if not (others := await _claimants(ops, base, writer)):
+        return
+    await ops.call("delete_object", mine)  # withdraw: at most one of two still sees the other
+    if others := await _claimants(ops, base, writer):
+        check_claim(tag, writer, others[0], where)
+    raise TransientStorageError(f"{tag}: two writers claimed it at once in {where}; retrying")
+
+
+async def _claimants(ops: Ops, base: str, writer: Writer) -> list[Writer]:
+    page = await ops.call("list_objects_v2", Prefix=base + CLAIMS_DIR, MaxKeys=100)
+    others = []
+    for obj in page.get("Contents", []):
+        if not str(obj["Key"]).endswith(f"/{writer.id}.json"):
+            data = await get(ops, str(obj["Key"]))
+            if data is not None:
+                others.append(Writer.from_json(data))
+    return others

@@ -1,0 +1,140 @@
+"""Two writers, one namespace, on the local store: a tag is one writer's, never mixed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from tests.support.writers import check_one_writer_each, close, race, side
+
+from traind.checkpoints.manifest import FileEntry, Manifest, Writer
+from traind.config import LocalStorage
+from traind.errors import ConflictError
+from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME
+from traind.storage.local import LocalBackend
+from traind.storage.memory import MemoryBackend
+
+A = Writer("a" * 32, "host-a")
+B = Writer("b" * 32, "host-b")
+
+
+def local(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(LocalStorage(path=tmp_path / "store"), "run1")
+
+
+async def test_two_streamers_same_tags_one_writer_each(tmp_path: Path) -> None:
+    """Two writers racing for checkpoint-1..3 of one run: each tag is one writer's, whole;
+    the other is told (checkpoint_conflict), journals 'conflict' and keeps its copies."""
+    with capture_logs() as logs:
+        sides = await race(tmp_path, (local(tmp_path), local(tmp_path)))
+    try:
+        await check_one_writer_each(sides, local(tmp_path), tmp_path)
+    finally:
+        close(sides)
+    conflicts = [e for e in logs if e["event"] == "checkpoint_conflict"]
+    assert sorted(e["tag"] for e in conflicts) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert all(e["log_level"] == "error" and e["theirs"] != e["ours"] for e in conflicts)
+
+
+async def test_second_writer_sends_no_byte_over_the_first(tmp_path: Path) -> None:
+    """A writer finding the tag claimed by another stops before its first data byte: the
+    first writer's half-uploaded objects stay as they were (same inode, same bytes)."""
+    store = local(tmp_path)
+    await store.claim("checkpoint-1", A)
+    tag_dir = tmp_path / "store" / "run1" / "checkpoint-1"
+    (tag_dir / "shard-0.bin").write_bytes(b"first writer's bytes")
+    inode = (tag_dir / "shard-0.bin").stat().st_ino
+    sides = await race(tmp_path, (local(tmp_path), local(tmp_path)), steps=1)
+    try:
+        assert [s.lost for s in sides] == [["checkpoint-1"], ["checkpoint-1"]]
+        assert {str(A)} == {s.outcome["checkpoint-1"].theirs  # type: ignore[union-attr]
+                            for s in sides}
+    finally:
+        close(sides)
+    assert (tag_dir / "shard-0.bin").read_bytes() == b"first writer's bytes"
+    assert (tag_dir / "shard-0.bin").stat().st_ino == inode
+    assert sorted(p.name for p in tag_dir.iterdir()) == sorted([CLAIM_NAME, "shard-0.bin"])
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+async def test_racing_claims_exactly_one_wins(tmp_path: Path, kind: str) -> None:
+    """Sixteen writers claiming one tag at once: exactly one gets it, the rest conflict."""
+    shared = MemoryBackend()
+    writers = [Writer(f"{n:032x}", f"host-{n}") for n in range(16)]
+    stores = [local(tmp_path) if kind == "local" else shared for _ in writers]
+    async with asyncio.timeout(30):
+        results = await asyncio.gather(
+            *(s.claim("checkpoint-9", w) for s, w in zip(stores, writers, strict=True)),
+            return_exceptions=True)
+    winners = [w for w, r in zip(writers, results, strict=True) if r is None]
+    assert len(winners) == 1
+    assert all(isinstance(r, ConflictError) and r.theirs == str(winners[0])
+               for r in results if r is not None)
+    await stores[0].claim("checkpoint-9", winners[0])  # the holder again: a restart, a retry
+
+
+async def test_manifest_is_created_once(tmp_path: Path) -> None:
+    """A commit never replaces another writer's manifest; its own (a retry) it may."""
+    store = local(tmp_path)
+    ours = Manifest("run1", "checkpoint-1", 1, (FileEntry("x", 1, "0" * 64),), writer=A)
+    await store.commit(ours)
+    with pytest.raises(ConflictError):
+        await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=B))
+    await store.commit(ours)
+    assert [m.writer for m in await store.manifests()] == [A]
+
+
+async def test_checkpoint_of_an_older_traind_is_nobodys_to_overwrite(tmp_path: Path) -> None:
+    """A checkpoint committed before claims existed (a manifest without writer or claim)
+    is another writer's: the claim is refused and withdrawn."""
+    tag_dir = tmp_path / "store" / "run1" / "checkpoint-1"
+    tag_dir.mkdir(parents=True)
+    old = json.loads(Manifest("run1", "checkpoint-1", 1, (), host="old-host").to_json())
+    del old["writer"]
+    (tag_dir / MANIFEST_NAME).write_text(json.dumps(old))
+    with pytest.raises(ConflictError, match="older traind on old-host"):
+        await local(tmp_path).claim("checkpoint-1", A)
+    assert not (tag_dir / CLAIM_NAME).exists()
+
+
+async def test_delete_removes_the_claim_last(tmp_path: Path) -> None:
+    """Pruning removes manifest, objects and claim; the tag is free for a writer again."""
+    store = local(tmp_path)
+    await store.claim("checkpoint-1", A)
+    await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=A))
+    await store.delete("checkpoint-1")
+    assert not (tmp_path / "store" / "run1" / "checkpoint-1").exists()
+    await store.claim("checkpoint-1", B)
+
+
+async def test_the_same_bytes_another_writer_stored_are_no_conflict(tmp_path: Path) -> None:
+    """A checkpoint byte-identical to the one another writer committed (an output_dir shared
+    with it) is journalled committed without a byte sent; one differing in a byte conflicts."""
+    first = await side(tmp_path, "a", local(tmp_path), steps=2)
+    second = await side(tmp_path, "b", local(tmp_path), steps=0)
+    try:
+        for tag in ("checkpoint-1", "checkpoint-2"):
+            await first.streamer.commit(tag)
+        for step in (1, 2):
+            tag = f"checkpoint-{step}"
+            shutil.copytree(first.root / "out" / tag, second.root / "out" / tag)
+            await second.streamer.stage(tag, step, second.root / "out" / tag)
+            await second.journal.set_state(tag, "ready")
+        shard = second.streamer.staging / "checkpoint-2" / "shard-0.bin"
+        shard.write_bytes(b"x" + shard.read_bytes()[1:])  # same size, one byte different
+        with capture_logs() as logs:
+            got = await second.streamer.commit("checkpoint-1")
+            with pytest.raises(ConflictError):
+                await second.streamer.commit("checkpoint-2")
+        assert got.writer == first.writer
+        entry = await second.journal.get("checkpoint-1")
+        assert entry is not None
+        assert entry.state == "committed"
+        assert not (second.streamer.staging / "checkpoint-1").exists()
+        assert [e["event"] for e in logs] == ["checkpoint_already_stored", "checkpoint_conflict"]
+    finally:
+        close([first, second])

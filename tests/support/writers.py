@@ -1,0 +1,119 @@
+"""Two writers, one namespace: two streamers with their own state_dir and output_dir commit
+checkpoints of the same tags, with different bytes, to one store at the same time."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.checkpoints import write_checkpoint
+
+from traind.checkpoints.identity import RunIdentity
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.manifest import Manifest, Writer
+from traind.checkpoints.restore import restore
+from traind.checkpoints.streamer import Streamer
+from traind.errors import ConflictError, TransientStorageError
+from traind.storage.base import Storage
+
+
+@dataclass
+class Side:
+    """One writer: its directories, what it wrote, and what each commit gave it."""
+
+    root: Path
+    streamer: Streamer
+    journal: Journal
+    writer: Writer
+    written: dict[str, dict[str, str]] = field(default_factory=dict)
+    outcome: dict[str, Manifest | BaseException] = field(default_factory=dict)
+
+    @property
+    def won(self) -> list[str]:
+        return sorted(t for t, o in self.outcome.items() if isinstance(o, Manifest))
+
+    @property
+    def lost(self) -> list[str]:
+        return sorted(t for t, o in self.outcome.items() if isinstance(o, ConflictError))
+
+
+async def side(tmp_path: Path, name: str, store: Storage, steps: int) -> Side:
+    """Writer ``name`` (its own state_dir and output_dir under tmp_path/name) with
+    checkpoint-1..``steps`` written, staged and ready."""
+    root = tmp_path / name
+    journal = Journal.in_state_dir(root / "state", RunIdentity("run1", root / "out", "test:"))
+    streamer = Streamer("run1", root / "state", store, journal)
+    made = Side(root, streamer, journal, await streamer.writer())
+    (root / "out").mkdir(parents=True, exist_ok=True)
+    for step in range(1, steps + 1):
+        tag = f"checkpoint-{step}"
+        made.written[tag] = write_checkpoint(root / "out", step, size=96 * 1024)
+        await streamer.stage(tag, step, root / "out" / tag)
+        await journal.set_state(tag, "ready")
+    return made
+
+
+async def race(tmp_path: Path, stores: tuple[Storage, Storage], steps: int = 3) -> list[Side]:
+    """Writers ``a`` and ``b`` (one store object each) commit checkpoint-1..``steps``,
+    each tag by both at once; return both sides (journals closed by ``close``)."""
+    sides = [await side(tmp_path, name, store, steps)
+             for name, store in zip("ab", stores, strict=True)]
+
+    async def commit(who: Side, tag: str) -> None:
+        for _ in range(5):  # as the streamer's loop does: a transient failure is retried
+            try:
+                who.outcome[tag] = await who.streamer.commit(tag)
+                return
+            except TransientStorageError as exc:
+                who.outcome[tag] = exc
+                await asyncio.sleep(random.uniform(0.05, 0.3))
+            except Exception as exc:  # recorded, asserted by the caller
+                who.outcome[tag] = exc
+                return
+
+    async with asyncio.timeout(120):
+        await asyncio.gather(*(commit(s, f"checkpoint-{n}")
+                               for n in range(1, steps + 1) for s in sides))
+    return sides
+
+
+async def check_one_writer_each(sides: list[Side], store: Storage, tmp_path: Path) -> None:
+    """Every tag is exactly one side's, whole: its manifest names that writer, holds that
+    side's hashes and restores verified; the other side was told, journals the conflict
+    and keeps its output_dir and staging snapshot."""
+    a, b = sides
+    tags = sorted(a.written)
+    for side in sides:
+        assert sorted(side.outcome) == tags
+        unexpected = {t: o for t, o in side.outcome.items()
+                      if not isinstance(o, Manifest | ConflictError)}
+        assert not unexpected, unexpected
+    assert sorted(a.won + b.won) == tags
+    assert sorted(a.lost + b.lost) == tags
+    by_tag = {m.tag: m for m in await store.manifests()}
+    assert sorted(by_tag) == tags
+    for tag in tags:
+        winner, loser = (a, b) if tag in a.won else (b, a)
+        manifest = by_tag[tag]
+        assert manifest.writer == winner.writer
+        assert {f.path: f.sha256 for f in manifest.files} == winner.written[tag]
+        dest = await restore(store, manifest, tmp_path / "pulled" / tag)
+        got = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dest.iterdir()}
+        assert got == winner.written[tag]
+        entry = await loser.journal.get(tag)
+        assert entry is not None
+        assert entry.state == "conflict"
+        conflict = loser.outcome[tag]
+        assert isinstance(conflict, ConflictError)
+        assert (conflict.ours, conflict.theirs) == (str(loser.writer), str(winner.writer))
+        for where in (loser.root / "out" / tag, loser.streamer.staging / tag):
+            kept = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in where.iterdir()}
+            assert kept == loser.written[tag], f"{where} not kept"
+
+
+def close(sides: list[Side]) -> None:
+    for side in sides:
+        side.journal.close()

@@ -1,0 +1,59 @@
+"""The writer identity and the pure "whose tag is it" decisions."""
+
+from __future__ import annotations
+
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from traind.checkpoints.manifest import Manifest, Writer
+from traind.checkpoints.writer import WRITER_ID_FILE, load_or_create
+from traind.errors import ConflictError, TraindError
+from traind.storage.claim import check_claim, check_committed
+
+A = Writer("a" * 32, "host-a")
+B = Writer("b" * 32, "host-b")
+
+
+def test_writer_id_is_made_once_per_state_dir(tmp_path: Path) -> None:
+    """Every opener of one state_dir, racing or later, gets the same id and this host."""
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(lambda _: load_or_create(tmp_path / "state"), range(16)))
+    assert len(ids) == 1
+    (only,) = ids
+    assert only.host == socket.gethostname()
+    assert load_or_create(tmp_path / "state") == only
+    assert load_or_create(tmp_path / "other") != only
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [WRITER_ID_FILE]
+
+
+def test_damaged_writer_id_is_a_clear_error(tmp_path: Path) -> None:
+    """A writer-id file that holds no id is named in a one-line error."""
+    (tmp_path / WRITER_ID_FILE).write_text("garbage")
+    with pytest.raises(TraindError, match="writer-id: not a traind writer id"):
+        load_or_create(tmp_path)
+
+
+def test_manifest_records_its_writer_and_old_ones_still_parse() -> None:
+    """The writer survives the JSON round trip; a manifest without one parses as None."""
+    manifest = Manifest("run", "checkpoint-1", 1, (), writer=A)
+    assert Manifest.from_json(manifest.to_json()).writer == A
+    old = json.loads(manifest.to_json())
+    del old["writer"]
+    assert Manifest.from_json(json.dumps(old)).writer is None
+
+
+def test_claim_decisions() -> None:
+    """Our own claim or manifest lets us go on; another writer's (or an older traind's
+    manifest) is a conflict naming both writers."""
+    check_claim("t", A, A, "here")
+    check_committed("t", A, None, "here")
+    check_committed("t", A, Manifest("run", "t", 1, (), writer=A), "here")
+    with pytest.raises(ConflictError) as caught:
+        check_claim("t", A, B, "here")
+    assert (caught.value.tag, caught.value.ours, caught.value.theirs) == ("t", str(A), str(B))
+    with pytest.raises(ConflictError, match="older traind on old"):
+        check_committed("t", A, Manifest("run", "t", 1, (), host="old"), "here")
