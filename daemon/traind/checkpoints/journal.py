@@ -2,16 +2,20 @@
 
 States: ``staged`` (snapshot taken, may still change) → ``ready`` (complete, queued) →
 ``committed`` (manifest stored) → ``pruning`` (its manifest may be gone from the store, its
-files not yet) → ``pruned`` (removed from the store by retention).
+files not yet) → ``pruned`` (removed from the store by retention); or ``ready`` →
+``dropped`` (its snapshot let go before it was stored, to keep the disk from filling).
 Per file it keeps its size and mtime when snapshot (a later rewrite by the trainer is told
 apart), the sha256 once the file is durably stored, and opaque resume state for backends
 that upload in parts. Every write is one transaction, fsynced, so a daemon killed
-at any moment restarts from the last thing that really happened.
+at any moment restarts from the last thing that really happened. A write that fails for
+lack of space (or a disk I/O error) is retried with backoff until it succeeds: losing the
+daemon would lose every checkpoint after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 import time
@@ -20,11 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
+import structlog
+
+from traind.backoff import doubling
 from traind.storage.base import LocalFile
 
-State = Literal["staged", "ready", "committed", "pruning", "pruned"]
+State = Literal["staged", "ready", "committed", "pruning", "pruned", "dropped"]
 P = ParamSpec("P")
 T = TypeVar("T")
+log = structlog.get_logger("traind.journal")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -84,8 +92,12 @@ class StoredFile:
 class Journal:
     """Thread-safe access to the journal database; async methods run in a worker thread."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, retry_initial: float = 0.2, retry_max: float = 10.0
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._retry = (retry_initial, retry_max)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -117,16 +129,43 @@ class Journal:
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
+    async def _write(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Run ``statements`` as one transaction; retried with backoff, never given up,
+        while the disk is full (one error event when it starts, one line when it passes)."""
+        failed_at: float | None = None
+        attempt = 0
+        while True:
+            try:
+                await self._run(self._tx, statements)
+            except sqlite3.OperationalError as exc:
+                if not _out_of_space(exc):
+                    raise
+                if failed_at is None:
+                    failed_at = time.monotonic()
+                    log.error(
+                        "journal_write_failed", journal=str(self._path), error=str(exc),
+                        free_bytes=_free_bytes(self._path.parent),
+                        hint="retrying until it succeeds; free space in state_dir",
+                    )
+                await asyncio.sleep(doubling(attempt, *self._retry))
+                attempt += 1
+                continue
+            if failed_at is not None:
+                log.info("journal_write_recovered", journal=str(self._path), attempts=attempt,
+                         seconds=round(time.monotonic() - failed_at, 3))
+            return
+
     def _tx(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 for sql, params in statements:
                     self._db.execute(sql, params)
+                self._db.execute("COMMIT")  # a full disk may fail the commit itself
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -177,12 +216,11 @@ class Journal:
             )
             for f in files
         ]
-        await self._run(self._tx, ops)
+        await self._write(ops)
 
     async def set_state(self, tag: str, state: State) -> None:
         """Move ``tag`` to ``state``."""
-        await self._run(
-            self._tx,
+        await self._write(
             [("UPDATE checkpoints SET state = ?, updated_at = ? WHERE tag = ?",
               (state, time.time(), tag))],
         )
@@ -190,8 +228,7 @@ class Journal:
     async def record_committed(self, tag: str, step: int, source: Path, backend: str) -> None:
         """Record a checkpoint restored to ``source`` from the store: committed, its files
         verified against the manifest (an earlier snapshot's files are forgotten)."""
-        await self._run(
-            self._tx,
+        await self._write(
             [
                 (
                     "INSERT INTO checkpoints (tag, step, source, state, backend, updated_at) "
@@ -216,7 +253,7 @@ class Journal:
                 ("UPDATE files SET sha256 = NULL WHERE tag = ?", (tag,)),
                 ("DELETE FROM resume WHERE tag = ?", (tag,)),
             ]
-        await self._run(self._tx, ops)
+        await self._write(ops)
 
     # -- files --------------------------------------------------------------------------
 
@@ -233,8 +270,7 @@ class Journal:
 
     async def file_done(self, tag: str, path: str, sha256: str) -> None:
         """Record that ``path`` of ``tag`` is durably stored with this sha256."""
-        await self._run(
-            self._tx,
+        await self._write(
             [
                 ("UPDATE files SET sha256 = ? WHERE tag = ? AND path = ?", (sha256, tag, path)),
                 ("DELETE FROM resume WHERE tag = ? AND path = ?", (tag, path)),
@@ -250,8 +286,7 @@ class Journal:
 
     async def save_resume(self, tag: str, path: str, state: str) -> None:
         """Save opaque resume state for one file."""
-        await self._run(
-            self._tx,
+        await self._write(
             [("INSERT OR REPLACE INTO resume (tag, path, state) VALUES (?, ?, ?)",
               (tag, path, state))],
         )
@@ -263,6 +298,22 @@ class Journal:
             sql, params = sql + " WHERE tag = ?", (tag,)
         rows = await self._run(self._query, sql, params)
         return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+def _out_of_space(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite failed for lack of space: SQLITE_FULL, or an I/O error (which is what
+    a failed write of the WAL or its index reports)."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")
+
+
+def _free_bytes(directory: Path) -> int | None:
+    """Bytes free to unprivileged writers on ``directory``'s filesystem (None if unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _entry(row: tuple[Any, ...]) -> Entry:
