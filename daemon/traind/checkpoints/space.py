@@ -1,0 +1,145 @@
+"""Free space on output_dir's filesystem: training progress comes before old snapshots.
+
+A snapshot of a checkpoint the trainer has rotated away (``save_total_limit``) holds the
+only link to its files; while the store is down such snapshots pile up until the trainer's
+next save fails. Below the floor, the oldest of them are let go — never the newest, and
+never one whose files the trainer still has (dropping it would free nothing).
+``to_drop`` is the decision; ``SpaceGuard`` measures and acts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.streamer import Streamer
+
+log = structlog.get_logger("traind.space")
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A staged snapshot waiting for the store: its size, the bytes only it holds (freed
+    when it goes), and whether the trainer's own directory of it is still there."""
+
+    tag: str
+    step: int
+    bytes: int
+    unique_bytes: int
+    source_exists: bool
+
+
+def floor_bytes(factor: float, fixed: int, checkpoint_bytes: int) -> int:
+    """The floor: ``fixed`` bytes, or ``factor`` times the size of a checkpoint."""
+    return fixed if factor == 0 else int(factor * checkpoint_bytes)
+
+
+def to_drop(free: int, floor: int, pinned: Sequence[Pinned]) -> list[Pinned]:
+    """The snapshots to let go, oldest first, until ``free`` is back at ``floor``: only ones
+    whose source is gone and that hold bytes of their own, never the newest."""
+    if free >= floor or not pinned:
+        return []
+    newest = max(pinned, key=lambda p: p.step)
+    chosen = []
+    for p in sorted(pinned, key=lambda p: p.step):
+        if free >= floor:
+            break
+        if p is newest or p.source_exists or p.unique_bytes == 0:
+            continue
+        chosen.append(p)
+        free += p.unique_bytes
+    return chosen
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer (the trainer) can still use on ``path``'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def measure(root: Path) -> tuple[int, int]:
+    """(size, bytes held only by this snapshot) of the staged snapshot in ``root``."""
+    total = unique = 0
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            total += st.st_size
+            if st.st_nlink == 1:
+                unique += st.st_size
+    return total, unique
+
+
+class SpaceGuard:
+    """Keeps free space on ``output_dir``'s filesystem at the floor by dropping pinned
+    snapshots (see ``to_drop``); ``on_drop`` is told each one (for the metric)."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        streamer: Streamer,
+        journal: Journal,
+        floor: tuple[float, int],
+        on_drop: Callable[[Pinned], None] | None = None,
+    ) -> None:
+        self._dir = output_dir
+        self._streamer = streamer
+        self._journal = journal
+        self._factor, self._fixed = floor
+        self._on_drop = on_drop
+        self._lock = asyncio.Lock()
+        self.checkpoint_bytes = 0
+        """The largest checkpoint seen: what a ``factor`` floor multiplies."""
+
+    def staged(self, nbytes: int) -> None:
+        """A checkpoint of ``nbytes`` was just snapshot."""
+        self.checkpoint_bytes = max(self.checkpoint_bytes, nbytes)
+
+    async def check(self) -> list[Pinned]:
+        """Measure free space and, below the floor, drop what ``to_drop`` says; return it."""
+        if self._factor == 0 and self._fixed == 0:
+            return []
+        async with self._lock:
+            try:
+                free = await asyncio.to_thread(free_bytes, self._dir)
+            except OSError:  # output_dir not there yet: the trainer has written nothing
+                return []
+            floor = floor_bytes(self._factor, self._fixed, self.checkpoint_bytes)
+            if free >= floor:
+                return []
+            pinned = await self._pinned()
+            floor = floor_bytes(self._factor, self._fixed, self.checkpoint_bytes)
+            dropped = to_drop(free, floor, pinned)
+            for p in dropped:
+                await self._streamer.drop(p.tag)
+                log.error(
+                    "checkpoint_dropped", tag=p.tag, step=p.step, bytes=p.bytes,
+                    free_bytes=free, floor=floor,
+                    reason="free space on output_dir's filesystem below the floor while "
+                           "the store is behind; the trainer had rotated it away",
+                    hint="it is not stored; a newer checkpoint is kept",
+                )
+                free += p.unique_bytes
+                if self._on_drop is not None:
+                    self._on_drop(p)
+            return dropped
+
+    async def _pinned(self) -> list[Pinned]:
+        """The complete snapshots waiting for the store, except the one being uploaded."""
+        found = []
+        for entry in await self._journal.entries("ready"):
+            if entry.tag == self._streamer.in_flight:
+                continue
+            size, unique = await asyncio.to_thread(measure, self._streamer.staging / entry.tag)
+            self.checkpoint_bytes = max(self.checkpoint_bytes, size)
+            exists = await asyncio.to_thread(entry.source.exists)
+            found.append(Pinned(entry.tag, entry.step, size, unique, exists))
+        return found
