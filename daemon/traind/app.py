@@ -19,6 +19,7 @@ from traind import config
 from traind.checkpoints import pruner, recovery
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.space import SpaceGuard
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import Settings, StatusConfig
@@ -32,6 +33,7 @@ from traind.storage.factory import open_storage
 from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
+from traind.units import parse_floor
 
 log = structlog.get_logger("traind.app")
 
@@ -65,6 +67,11 @@ class Daemon:
             lambda: self.watcher.tracking if self.watcher else 0,
             recent,
         )
+        self.space = SpaceGuard(
+            settings.run.output_dir, self.streamer, self.journal,
+            parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
+        )
+        self.streamer.on_staged = self._staged
         self._server: StatusServer | None = None
         self._prune_now = asyncio.Event()
         self._resuming: tuple[str, ...] = ()
@@ -168,6 +175,7 @@ class Daemon:
             background = [
                 tg.create_task(self._retention_loop(), name="retention"),
                 tg.create_task(self._reload_loop(reload), name="reload"),
+                tg.create_task(self._space_loop(), name="space"),
             ]
             if self.supervisor is not None:
                 background.append(tg.create_task(self._supervise(stop), name="supervisor"))
@@ -217,6 +225,25 @@ class Daemon:
         if result is StageResult.STAGED and self.supervisor is not None:
             self.supervisor.notify_progress()
         return result
+
+    async def _staged(self, nbytes: int) -> None:
+        """Before the trainer hears a snapshot is taken: make room for its next save."""
+        self.space.staged(nbytes)
+        await self._check_space()
+
+    async def _space_loop(self) -> None:
+        """Check free space on output_dir's filesystem every ``poll_interval`` too: the
+        trainer writes between snapshots."""
+        while True:
+            await asyncio.sleep(self.settings.checkpoints.poll_interval)
+            await self._check_space()
+
+    async def _check_space(self) -> None:
+        """One free-space check; a failed one must never stop the daemon or a snapshot."""
+        try:
+            await self.space.check()
+        except (OSError, TraindError) as exc:
+            log.error("space_check_failed", error=str(exc))
 
     async def _resume_point(self) -> Path | None:
         s = self.settings

@@ -96,6 +96,7 @@ class SpaceGuard:
         self._factor, self._fixed = floor
         self._on_drop = on_drop
         self._lock = asyncio.Lock()
+        self._short = False  # below the floor with nothing left to drop (warned once)
         self.checkpoint_bytes = 0
         """The largest checkpoint seen: what a ``factor`` floor multiplies."""
 
@@ -114,12 +115,16 @@ class SpaceGuard:
                 return []
             floor = floor_bytes(self._factor, self._fixed, self.checkpoint_bytes)
             if free >= floor:
+                self._short = False
                 return []
             pinned = await self._pinned()
             floor = floor_bytes(self._factor, self._fixed, self.checkpoint_bytes)
-            dropped = to_drop(free, floor, pinned)
-            for p in dropped:
+            dropped = []
+            for p in to_drop(free, floor, pinned):
+                if p.tag == self._streamer.in_flight:  # picked up for upload meanwhile
+                    continue
                 await self._streamer.drop(p.tag)
+                dropped.append(p)
                 log.error(
                     "checkpoint_dropped", tag=p.tag, step=p.step, bytes=p.bytes,
                     free_bytes=free, floor=floor,
@@ -130,6 +135,14 @@ class SpaceGuard:
                 free += p.unique_bytes
                 if self._on_drop is not None:
                     self._on_drop(p)
+            if free < floor and not self._short:
+                log.warning(
+                    "disk_space_low", output_dir=str(self._dir), free_bytes=free, floor=floor,
+                    waiting=len(pinned) - len(dropped),
+                    hint="nothing more can be dropped: the trainer's own checkpoints or the "
+                         "newest snapshot hold the rest; free space on this filesystem",
+                )
+            self._short = free < floor
             return dropped
 
     async def _pinned(self) -> list[Pinned]:

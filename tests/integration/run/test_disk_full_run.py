@@ -1,0 +1,90 @@
+"""``traind run`` with output_dir and state_dir on one small real tmpfs, a real tiny TRL
+trainer that keeps 3 checkpoints, and a store that goes down after start: the daemon lets
+go of the oldest rotated-away snapshots instead of filling the disk, so the trainer
+finishes and the daemon stays up; once the store is back, what was kept is committed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from tests.support.checkpoints import stored
+from tests.support.daemon import DaemonProcess, write_config
+from tests.support.net import free_port
+from tests.support.requires import need_module
+from tests.support.tiny_train import QUIET_ENV, train_command
+from tests.support.tmpfs import remount, tmpfs
+
+STEPS = 24
+"""Checkpoints the trainer saves: a tiny one is ~300 KiB, so 6 MiB hold the trainer's own
+3 (+1 being saved), the journal and logs, but not every checkpoint of the run."""
+
+
+def _get(port: int, path: str) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return bytes(r.read())
+
+
+def test_full_disk_drops_oldest_snapshots_and_training_goes_on(tmp_path: Path) -> None:
+    """The trainer finishes, the daemon stays up, each dropped snapshot is an error event
+    (also in ``traind status`` and /metrics), and with the store back every kept
+    checkpoint is committed and staging is empty."""
+    need_module("trl")
+    with tmpfs(tmp_path / "fs", "6m") as fs, tmpfs(tmp_path / "storefs", "64m") as storefs:
+        out, state, store = fs / "out", fs / "state", storefs / "store"
+        argv = train_command(out, max_steps=STEPS, save_steps=1, save_total_limit=3,
+                             callback=True, step_sleep=0.2)
+        env = ", ".join(f'{k} = "{v}"' for k, v in QUIET_ENV.items())
+        port = free_port()
+        cfg = write_config(
+            tmp_path / "traind.toml", run="exp", output_dir=out, state_dir=state,
+            storage=f'type = "local"\npath = "{store}"', status_port=port,
+            extra=f"""
+[trainer]
+command = {json.dumps(argv)}
+env = {{ {env} }}
+progress_timeout = "120s"
+restart = {{ policy = "on-failure", backoff_initial = "0.5s", max_restarts = 1 }}
+""",
+        )
+        daemon = DaemonProcess(cfg)
+        try:
+            daemon.wait_for("daemon_ready", timeout=60)
+            remount(storefs, "ro")  # the store is down from now on
+            try:
+                exited = daemon.wait_for(
+                    lambda e: e.get("event") == "child_exited", timeout=240
+                )
+                assert exited["returncode"] == 0, "".join(daemon.raw[-40:])
+                assert daemon.proc.poll() is None  # the daemon is alive, waiting for the store
+                dropped = daemon.named("checkpoint_dropped")
+                assert dropped, "".join(daemon.raw[-40:])
+                assert all(e["level"] == "error" for e in dropped)
+                assert {"tag", "step", "bytes", "free_bytes", "floor", "reason"} <= set(dropped[0])
+                assert f"checkpoint-{STEPS}" not in {e["tag"] for e in dropped}
+                metrics = _get(port, "/metrics").decode()
+                assert f"traind_checkpoints_dropped_total {len(dropped)}.0" in metrics
+                shown = subprocess.run(
+                    [sys.executable, "-m", "traind", "status", "-c", str(cfg)],
+                    capture_output=True, text=True, timeout=30, env={**os.environ},
+                )
+                assert shown.returncode == 0, shown.stdout + shown.stderr
+                line = next(ln for ln in shown.stdout.splitlines() if ln.startswith("dropped "))
+                assert f"{len(dropped)} not stored" in line
+                assert all(e["tag"] in line for e in dropped)
+            finally:
+                remount(storefs, "rw")  # the store is back
+            assert daemon.proc.wait(timeout=240) == 0, "".join(daemon.raw[-40:])
+        finally:
+            daemon.kill()
+        assert not daemon.named("journal_write_failed")
+        assert not daemon.named("child_backoff")
+        kept = {f"checkpoint-{n}" for n in range(1, STEPS + 1)} - {e["tag"] for e in dropped}
+        missing = kept - set(stored(store, "exp"))
+        assert not missing, [e for e in daemon.events if e.get("tag") in missing]
+        assert set(stored(store, "exp")) == kept
+        assert list((state / "staging").iterdir()) == []
