@@ -122,6 +122,7 @@ class Daemon:
             backend=self.storage.describe,
         )
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
+        await self._check_space()  # a disk that filled before a restart: room first
         manifests = await self._store_manifests()
         self.observer.known(manifests)
         await recovery.restore_if_fresh(

@@ -114,7 +114,7 @@ class SpaceGuard:
             except OSError:  # output_dir not there yet: the trainer has written nothing
                 return []
             floor = floor_bytes(self._factor, self._fixed, self.checkpoint_bytes)
-            if free >= floor:
+            if free >= floor and self.checkpoint_bytes:  # else: sizes from staging, below
                 self._short = False
                 return []
             pinned = await self._pinned()

@@ -5,19 +5,25 @@ finishes and the daemon stays up; once the store is back, what was kept is commi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
-from tests.support.checkpoints import stored
+from tests.support.checkpoints import stored, write_checkpoint
 from tests.support.daemon import DaemonProcess, write_config
 from tests.support.net import free_port
 from tests.support.requires import need_module
 from tests.support.tiny_train import QUIET_ENV, train_command
-from tests.support.tmpfs import remount, tmpfs
+from tests.support.tmpfs import fill, remount, tmpfs
+
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.streamer import Streamer
+from traind.storage.memory import MemoryBackend
 
 STEPS = 24
 """Checkpoints the trainer saves: a tiny one is ~300 KiB, so 6 MiB hold the trainer's own
@@ -88,3 +94,47 @@ restart = {{ policy = "on-failure", backoff_initial = "0.5s", max_restarts = 1 }
         assert not missing, [e for e in daemon.events if e.get("tag") in missing]
         assert set(stored(store, "exp")) == kept
         assert list((state / "staging").iterdir()) == []
+
+
+async def _pinned_state(out: Path, state: Path, steps: int) -> None:
+    """Snapshots of checkpoint-1..steps waiting for the store, all but the newest rotated
+    away from ``out`` (what a daemon killed while the store was down leaves)."""
+    journal = Journal.in_state_dir(state)
+    streamer = Streamer("exp", state, MemoryBackend(), journal)
+    try:
+        for step in range(1, steps + 1):
+            tag = f"checkpoint-{step}"
+            write_checkpoint(out, step, size=256 * 1024)
+            await streamer.stage(tag, step, out / tag)
+            await journal.set_state(tag, "ready")
+        for step in range(1, steps):
+            shutil.rmtree(out / f"checkpoint-{step}")
+    finally:
+        journal.close()
+
+
+async def test_restart_on_a_full_disk_makes_room_first(tmp_path: Path) -> None:
+    """A daemon restarted on a disk that filled meanwhile stays up and drops the oldest
+    rotated-away snapshots before anything else, keeping the newest; the rest are
+    committed."""
+    with tmpfs(tmp_path / "fs", "4m") as fs:
+        out, state, store = fs / "out", fs / "state", tmp_path / "store"
+        await _pinned_state(out, state, steps=4)
+        fill(fs, leave=160 * 1024)
+        cfg = write_config(tmp_path / "traind.toml", run="exp", output_dir=out, state_dir=state,
+                           storage=f'type = "local"\npath = "{store}"')
+        daemon = DaemonProcess(cfg, env={"TRAIND_CHECKPOINTS__MIN_FREE_SPACE": "1x"})
+        try:
+            await asyncio.to_thread(daemon.wait_for, "checkpoint_dropped", 60)
+            await asyncio.to_thread(
+                daemon.wait_for, lambda e: e.get("event") == "checkpoint_committed"
+                and e["tag"] == "checkpoint-4", 60,
+            )
+            assert daemon.stop() == 0, "".join(daemon.raw[-40:])
+        finally:
+            daemon.kill()
+    dropped = [e["tag"] for e in daemon.named("checkpoint_dropped")]
+    assert dropped == [f"checkpoint-{n}" for n in range(1, len(dropped) + 1)]
+    assert "checkpoint-4" not in dropped
+    assert set(stored(store, "exp")) == {f"checkpoint-{n}" for n in range(len(dropped) + 1, 5)}
+    assert not daemon.named("journal_write_failed")
