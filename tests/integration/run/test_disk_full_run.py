@@ -89,7 +89,13 @@ restart = {{ policy = "on-failure", backoff_initial = "0.5s", max_restarts = 1 }
             daemon.kill()
         assert not daemon.named("journal_write_failed")
         assert not daemon.named("child_backoff")
-        kept = {f"checkpoint-{n}" for n in range(1, STEPS + 1)} - {e["tag"] for e in dropped}
+        journal = Journal.in_state_dir(state)
+        try:
+            gone = {e.tag for e in journal.entries_sync("dropped")}
+        finally:
+            journal.close()
+        assert {e["tag"] for e in dropped} <= gone  # journalled: no restart resurrects them
+        kept = {f"checkpoint-{n}" for n in range(1, STEPS + 1)} - gone
         missing = kept - set(stored(store, "exp"))
         assert not missing, [e for e in daemon.events if e.get("tag") in missing]
         assert set(stored(store, "exp")) == kept
