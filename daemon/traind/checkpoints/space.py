@@ -78,6 +78,13 @@ def measure(root: Path) -> tuple[int, int]:
     return total, unique
 
 
+def _same_filesystem(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` (or, before it exists, its parent) share a filesystem."""
+    while not b.exists() and b != b.parent:
+        b = b.parent
+    return os.stat(a).st_dev == os.stat(b).st_dev
+
+
 class SpaceGuard:
     """Keeps free space on ``output_dir``'s filesystem at the floor by dropping pinned
     snapshots (see ``to_drop``); ``on_drop`` is told each one (for the metric)."""
@@ -146,7 +153,10 @@ class SpaceGuard:
             return dropped
 
     async def _pinned(self) -> list[Pinned]:
-        """The complete snapshots waiting for the store, except the one being uploaded."""
+        """The complete snapshots waiting for the store, except the one being uploaded;
+        none when staging is on another filesystem (its copies take no space here)."""
+        if not await asyncio.to_thread(_same_filesystem, self._dir, self._streamer.staging):
+            return []
         found = []
         for entry in await self._journal.entries("ready"):
             if entry.tag == self._streamer.in_flight:

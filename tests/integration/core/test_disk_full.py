@@ -4,6 +4,7 @@ failed snapshot ack is reported, not fatal."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tests.support.tmpfs import fill, tmpfs
 
 from traind.checkpoints import recovery
 from traind.checkpoints.journal import Journal
+from traind.checkpoints.space import SpaceGuard
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.errors import TraindError, TransientStorageError
@@ -132,3 +134,28 @@ async def test_dropped_snapshot_is_never_uploaded(tmp_path: Path) -> None:
     assert await recovery.recover(again, journal, list(store.manifest_by_tag.values())) == []
     assert again.pending == 0
     journal.close()
+
+
+async def test_staging_on_another_filesystem_is_never_dropped(tmp_path: Path) -> None:
+    """With state_dir on another filesystem, snapshots are copies that take no space on
+    output_dir's: a full output_dir drops none of them (it would free nothing) and says
+    once that nothing can be dropped."""
+    with tmpfs(tmp_path / "out", "2m") as out, tmpfs(tmp_path / "state", "4m") as state:
+        journal = Journal.in_state_dir(state)
+        streamer = Streamer("r", state, MemoryBackend(), journal)
+        guard = SpaceGuard(out, streamer, journal, (1.0, 0))
+        try:
+            for step in (1, 2, 3):
+                write_checkpoint(out, step, size=128 * 1024)
+                await streamer.stage(f"checkpoint-{step}", step, out / f"checkpoint-{step}")
+                await journal.set_state(f"checkpoint-{step}", "ready")
+                shutil.rmtree(out / f"checkpoint-{step}")
+            guard.staged(2 * 128 * 1024)
+            fill(out)
+            with capture_logs() as logs:
+                assert await guard.check() == []
+                assert await guard.check() == []
+            assert [e["event"] for e in logs] == ["disk_space_low"]
+            assert [e.state for e in await journal.entries()] == ["ready"] * 3
+        finally:
+            journal.close()
