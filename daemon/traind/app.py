@@ -17,9 +17,8 @@ import structlog
 
 from traind import config
 from traind.checkpoints import pruner, recovery
-from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
-from traind.checkpoints.space import SpaceGuard
+from traind.checkpoints.space import SpaceGuard, open_journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import Settings, StatusConfig
@@ -54,7 +53,7 @@ class Daemon:
         state_dir = settings.run.state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _lock_state_dir(state_dir)
-        self.journal = Journal.in_state_dir(state_dir)
+        self.journal, self._dropped_at_open = open_journal(state_dir, settings.run.output_dir)
         self.streamer = Streamer(
             settings.run.name, state_dir, self.storage, self.journal, self._committed
         )
@@ -122,6 +121,9 @@ class Daemon:
             backend=self.storage.describe,
         )
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
+        for pinned in self._dropped_at_open:  # let go to open the journal at all
+            await self.journal.set_state(pinned.tag, "dropped")
+            self.observer.dropped(pinned)
         await self._check_space()  # a disk that filled before a restart: room first
         manifests = await self._store_manifests()
         self.observer.known(manifests)
@@ -373,5 +375,8 @@ def _lock_state_dir(state_dir: Path) -> int | None:
                     hint="two daemons on this state_dir would not be noticed")
         return None
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as exc:  # a full disk: the lock holds all the same, only unnamed
+        log.warning("state_dir_lock_pid_unwritten", state_dir=str(state_dir), error=str(exc))
     return fd

@@ -99,10 +99,14 @@ class Journal:
         self._path = path
         self._retry = (retry_initial, retry_max)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._add_column("files", "mtime_ns INTEGER")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            self._add_column("files", "mtime_ns INTEGER")
+        except BaseException:  # e.g. no space for the WAL index: see space.open_journal
+            self._db.close()
+            raise
         self._lock = threading.Lock()
 
     def _add_column(self, table: str, column: str) -> None:
@@ -138,7 +142,7 @@ class Journal:
             try:
                 await self._run(self._tx, statements)
             except sqlite3.OperationalError as exc:
-                if not _out_of_space(exc):
+                if not out_of_space(exc):
                     raise
                 if failed_at is None:
                     failed_at = time.monotonic()
@@ -300,7 +304,7 @@ class Journal:
         return [(str(a), str(b), str(c)) for a, b, c in rows]
 
 
-def _out_of_space(exc: sqlite3.OperationalError) -> bool:
+def out_of_space(exc: sqlite3.OperationalError) -> bool:
     """Whether SQLite failed for lack of space: SQLITE_FULL, or an I/O error (which is what
     a failed write of the WAL or its index reports)."""
     name = getattr(exc, "sqlite_errorname", "")

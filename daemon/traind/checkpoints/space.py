@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.journal import Journal
+from traind.checkpoints.journal import Journal, out_of_space
 from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.watcher import parse_step
+from traind.errors import TraindError
 
 log = structlog.get_logger("traind.space")
 
@@ -166,3 +170,45 @@ class SpaceGuard:
             exists = await asyncio.to_thread(entry.source.exists)
             found.append(Pinned(entry.tag, entry.step, size, unique, exists))
         return found
+
+
+def open_journal(state_dir: Path, output_dir: Path) -> tuple[Journal, list[Pinned]]:
+    """Open the journal in ``state_dir``; while it cannot be for lack of space (a disk that
+    filled while no daemon ran), let go of the oldest snapshot in staging whose source is
+    gone, never the newest. Return the journal and what was dropped (to be journalled)."""
+    dropped: list[Pinned] = []
+    while True:
+        try:
+            return Journal.in_state_dir(state_dir), dropped
+        except sqlite3.OperationalError as exc:
+            if not out_of_space(exc):
+                raise
+            victim = _oldest_rotated_away(state_dir / "staging", output_dir)
+            if victim is None:
+                raise TraindError(
+                    f"the journal in {state_dir} cannot be opened: {exc} and no snapshot can "
+                    "be let go; free space on that filesystem"
+                ) from exc
+            shutil.rmtree(state_dir / "staging" / victim.tag, ignore_errors=True)
+            log.error(
+                "checkpoint_dropped", tag=victim.tag, step=victim.step, bytes=victim.bytes,
+                free_bytes=free_bytes(state_dir), floor=None,
+                reason="the disk is full: the journal could not be opened; the trainer had "
+                       "rotated it away",
+                hint="it is not stored; a newer checkpoint is kept",
+            )
+            dropped.append(victim)
+
+
+def _oldest_rotated_away(staging: Path, output_dir: Path) -> Pinned | None:
+    """The oldest snapshot in ``staging``, not the newest, whose source is gone."""
+    snapshots = sorted(
+        (step, path) for path in (staging.iterdir() if staging.is_dir() else ())
+        if path.is_dir() and not path.name.endswith(".tmp")
+        and (step := parse_step(path.name)) is not None
+    )
+    for step, path in snapshots[:-1]:
+        if not (output_dir / path.name).exists():
+            size, unique = measure(path)
+            return Pinned(path.name, step, size, unique, False)
+    return None

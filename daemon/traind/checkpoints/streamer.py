@@ -185,8 +185,9 @@ class Streamer:
         self._failures.pop(tag, None)
         if not self._pending:
             self._idle.set()
-        await self._journal.set_state(tag, "dropped")
+        # The space before the journal: on a disk with no byte left its write waits for it.
         await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
+        await self._journal.set_state(tag, "dropped")
 
     async def _rewritten(self, exc: snapshot.RewrittenError) -> None:
         """Drop a snapshot the trainer wrote over; the checkpoint is snapshot again once it

@@ -14,6 +14,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from tests.support.checkpoints import stored, write_checkpoint
 from tests.support.daemon import DaemonProcess, write_config
 from tests.support.net import free_port
@@ -119,14 +120,15 @@ async def _pinned_state(out: Path, state: Path, steps: int) -> None:
         journal.close()
 
 
-async def test_restart_on_a_full_disk_makes_room_first(tmp_path: Path) -> None:
-    """A daemon restarted on a disk that filled meanwhile stays up and drops the oldest
-    rotated-away snapshots before anything else, keeping the newest; the rest are
-    committed."""
+@pytest.mark.parametrize("left", [160 * 1024, 0])
+async def test_restart_on_a_full_disk_makes_room_first(tmp_path: Path, left: int) -> None:
+    """A daemon restarted on a disk that filled meanwhile (to the last byte, too) stays up
+    and drops the oldest rotated-away snapshots before anything else, keeping the newest;
+    the rest are committed."""
     with tmpfs(tmp_path / "fs", "4m") as fs:
         out, state, store = fs / "out", fs / "state", tmp_path / "store"
         await _pinned_state(out, state, steps=4)
-        fill(fs, leave=160 * 1024)
+        fill(fs, leave=left)
         cfg = write_config(tmp_path / "traind.toml", run="exp", output_dir=out, state_dir=state,
                            storage=f'type = "local"\npath = "{store}"')
         daemon = DaemonProcess(cfg, env={"TRAIND_CHECKPOINTS__MIN_FREE_SPACE": "1x"})
