@@ -8,7 +8,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from traind.checkpoints.space import Pinned
 from traind.observe import Observer
+from traind.status.render import render
 from traind.supervisor.runner import ChildStatus
 
 
@@ -37,3 +39,23 @@ def test_restart_counters_start_at_zero_and_count_restarts() -> None:
     observer.child_changed(replace(vllm, state="healthy", starts=2, restarts=1))
     observer.child_changed(ChildStatus("trainer", "trainer", "running", 7, 1, 0, None, 0.0, None))
     assert restarts(observer) == {"vllm": 1, "trainer": 0}
+
+
+def test_dropped_checkpoints_are_counted_and_listed() -> None:
+    """traind_checkpoints_dropped_total is exported at 0 and counts each dropped snapshot;
+    /status lists them and ``traind status`` shows them on a line of their own."""
+    streamer: Any = SimpleNamespace(queued=0, current=None)
+    observer = Observer("run", streamer, lambda: "local", lambda: 0)
+
+    def dropped_total() -> float:
+        text = observer.metrics.render().decode()
+        return next(s.value for fam in text_string_to_metric_families(text)
+                    for s in fam.samples if s.name == "traind_checkpoints_dropped_total")
+
+    assert dropped_total() == 0
+    observer.dropped(Pinned("checkpoint-2", 2, 100, 100, False))
+    observer.dropped(Pinned("checkpoint-1", 1, 100, 100, False))
+    assert dropped_total() == 2
+    status = observer.snapshot()
+    assert [d["tag"] for d in status["dropped"]] == ["checkpoint-1", "checkpoint-2"]
+    assert "dropped    2 not stored" in render(status)
