@@ -1,7 +1,9 @@
 """``traind run`` with output_dir and state_dir on one small real tmpfs, a real tiny TRL
 trainer that keeps 3 checkpoints, and a store that goes down after start: the daemon lets
 go of the oldest rotated-away snapshots instead of filling the disk, so the trainer
-finishes and the daemon stays up; once the store is back, what was kept is committed."""
+finishes and the daemon stays up; once the store is back, what was kept is committed. A
+daemon restarted on a disk that filled meanwhile makes room the same way before anything
+else."""
 
 from __future__ import annotations
 
