@@ -19,8 +19,8 @@ from traind import config
 from traind.backoff import doubling
 from traind.checkpoints import pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.space import SpaceGuard, open_journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import Settings, StatusConfig
@@ -34,6 +34,7 @@ from traind.storage.factory import open_storage
 from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
+from traind.units import parse_floor
 
 log = structlog.get_logger("traind.app")
 
@@ -59,7 +60,9 @@ class Daemon:
         state_dir = settings.run.state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _lock_state_dir(state_dir)
-        self.journal = Journal.in_state_dir(state_dir, RunIdentity.of(settings, self.storage))
+        self.journal, self._dropped_at_open = open_journal(
+            state_dir, RunIdentity.of(settings, self.storage)
+        )
         self.streamer = Streamer(
             settings.run.name, state_dir, self.storage, self.journal, self._committed
         )
@@ -72,6 +75,11 @@ class Daemon:
             lambda: self.watcher.tracking if self.watcher else 0,
             recent,
         )
+        self.space = SpaceGuard(
+            settings.run.output_dir, self.streamer, self.journal,
+            parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
+        )
+        self.streamer.on_staged = self._staged
         self._server: StatusServer | None = None
         self._prune_now = asyncio.Event()
         self._resuming: tuple[str, ...] = ()
@@ -133,6 +141,10 @@ class Daemon:
             backend=self.storage.describe,
         )
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
+        for pinned in self._dropped_at_open:  # let go to open the journal at all
+            await self.journal.set_state(pinned.tag, "dropped")
+            self.observer.dropped(pinned)
+        await self._check_space()  # a disk that filled before a restart: room first
         manifests = await self._first_manifests()
         if manifests is not None:
             self.observer.known(manifests)
@@ -236,6 +248,7 @@ class Daemon:
             background = [
                 tg.create_task(self._retention_loop(), name="retention"),
                 tg.create_task(self._reload_loop(reload), name="reload"),
+                tg.create_task(self._space_loop(), name="space"),
             ]
             if self.supervisor is not None:
                 background.append(tg.create_task(self._supervise(stop), name="supervisor"))
@@ -293,6 +306,25 @@ class Daemon:
         if result is StageResult.STAGED and self.supervisor is not None:
             self.supervisor.notify_progress()
         return result
+
+    async def _staged(self, nbytes: int) -> None:
+        """Before the trainer hears a snapshot is taken: make room for its next save."""
+        self.space.staged(nbytes)
+        await self._check_space()
+
+    async def _space_loop(self) -> None:
+        """Check free space on output_dir's filesystem every ``poll_interval`` too: the
+        trainer writes between snapshots."""
+        while True:
+            await asyncio.sleep(self.settings.checkpoints.poll_interval)
+            await self._check_space()
+
+    async def _check_space(self) -> None:
+        """One free-space check; a failed one must never stop the daemon or a snapshot."""
+        try:
+            await self.space.check()
+        except (OSError, TraindError) as exc:
+            log.error("space_check_failed", error=str(exc))
 
     async def _resume_point(self) -> Path | None:
         s = self.settings
@@ -421,5 +453,8 @@ def _lock_state_dir(state_dir: Path) -> int | None:
                     hint="two daemons on this state_dir would not be noticed")
         return None
     os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as exc:  # a full disk: the lock holds all the same, only unnamed
+        log.warning("state_dir_lock_pid_unwritten", state_dir=str(state_dir), error=str(exc))
     return fd

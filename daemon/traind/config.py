@@ -36,7 +36,7 @@ from pydantic_settings import (
 from traind.errors import ConfigError
 from traind.status.address import parse_listen
 from traind.storage.keys import check_component
-from traind.units import Duration, PositiveDuration, Size
+from traind.units import Duration, Floor, PositiveDuration, Size
 
 DEFAULT_CONFIG = Path("/etc/traind/traind.toml")
 ENV_PREFIX = "TRAIND_"
@@ -104,6 +104,9 @@ class CheckpointsConfig(Section):
     settle: Duration = 5.0
     poll_interval: PositiveDuration = 1.0
     force_polling: bool = False
+    # Below this much free space on output_dir's filesystem, snapshots waiting for the
+    # store whose checkpoint the trainer rotated away are dropped, oldest first.
+    min_free_space: Floor = "1.5x"
 
 
 class LocalStorage(Section):

@@ -12,6 +12,7 @@ from typing import Any
 
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import newest
+from traind.checkpoints.space import Pinned
 from traind.checkpoints.streamer import Streamer
 from traind.status import model
 from traind.status.metrics import Metrics
@@ -45,6 +46,7 @@ class Observer:
         self._backend = backend
         self._tracked = tracked
         self._committed: dict[str, model.CommittedInfo] = {}
+        self._dropped: dict[str, model.DroppedInfo] = {}
         self._restarts: dict[str, int] = {}
         self.metrics.set_queue_depth(lambda: streamer.queued)
         streamer.on_sent = self._sent
@@ -63,6 +65,7 @@ class Observer:
             tracked=self._tracked(),
             upload=model.upload_info(self._streamer.current),
             committed=self._committed.values(),
+            dropped=self._dropped.values(),
             next_prune=self.next_prune,
             errors=self.recent.items(),
         )
@@ -94,6 +97,14 @@ class Observer:
         """Retention removed these checkpoints from the store."""
         for tag in tags:
             self._committed.pop(tag, None)
+
+    def dropped(self, pinned: Pinned) -> None:
+        """A snapshot was let go unstored to free space (its error event is logged)."""
+        self._dropped[pinned.tag] = model.DroppedInfo(
+            tag=pinned.tag, step=pinned.step, bytes=pinned.bytes, dropped_at=time.time()
+        )
+        self.metrics.dropped()
+        self.announce()
 
     def child_changed(self, child: ChildStatus) -> None:
         """A supervised child changed state."""

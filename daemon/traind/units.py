@@ -65,6 +65,22 @@ def parse_size(value: object) -> int:
     return size
 
 
+def parse_floor(value: object) -> tuple[float, int]:
+    """A free-space floor: ``"1.5x"`` → (1.5, 0), times a checkpoint's size; a size such as
+    ``"20GiB"`` → (0.0, bytes); ``0`` → (0.0, 0), no floor."""
+    if isinstance(value, str) and value.strip().lower().endswith("x"):
+        number = value.strip()[:-1].strip()
+        try:
+            factor = float(number)
+        except ValueError:
+            factor = math.nan
+        if not math.isfinite(factor) or factor < 0:
+            raise ValueError(f"{value!r}: write a multiple of the checkpoint size such as "
+                             "'1.5x', or a size such as '20GiB'")
+        return factor, 0
+    return 0.0, parse_size(value)
+
+
 def format_size(n: float) -> str:
     """``1536`` → ``"1.5 KiB"``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -77,3 +93,12 @@ def format_size(n: float) -> str:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 PositiveDuration = Annotated[float, BeforeValidator(parse_positive_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+def _floor(value: object) -> object:
+    """Check a floor (see ``parse_floor``), keeping it as written."""
+    parse_floor(value)
+    return value
+
+
+Floor = Annotated[str | int, BeforeValidator(_floor)]

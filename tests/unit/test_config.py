@@ -368,3 +368,17 @@ def test_a_backoff_above_its_cap_is_a_problem(tmp_path: Path) -> None:
     assert info.value.problems == [
         "trainer.restart: backoff_initial (600 s) is above backoff_max (60 s)"
     ]
+
+
+def test_min_free_space(tmp_path: Path) -> None:
+    """checkpoints.min_free_space defaults to 1.5x the checkpoint size, takes a size or a
+    multiple, and a bad value is a problem naming the key."""
+    assert config.load(write(tmp_path, MINIMAL)).checkpoints.min_free_space == "1.5x"
+    s = config.load(write(tmp_path, MINIMAL + '\n[checkpoints]\nmin_free_space = "20GiB"\n'))
+    assert s.checkpoints.min_free_space == "20GiB"
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MINIMAL + '\n[checkpoints]\nmin_free_space = "-2x"\n'))
+    assert info.value.problems == [
+        "checkpoints.min_free_space = '-2x': write a multiple of the checkpoint size such as "
+        "'1.5x', or a size such as '20GiB'"
+    ]

@@ -8,7 +8,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from traind.checkpoints.space import Pinned
 from traind.observe import Observer
+from traind.status.render import render
 from traind.supervisor.runner import ChildStatus
 
 
@@ -81,3 +83,23 @@ def test_uploaded_bytes_move_as_the_upload_reports_them() -> None:
     streamer.on_sent(-1024)
     streamer.on_sent(1024)
     assert samples(observer, "traind_uploaded_bytes_total") == {(): 5 * 1024 * 1024 + 1024}
+
+
+def test_dropped_checkpoints_are_counted_and_listed() -> None:
+    """traind_checkpoints_dropped_total is exported at 0 and counts each dropped snapshot;
+    /status lists them and ``traind status`` shows them on a line of their own."""
+    streamer: Any = SimpleNamespace(queued=0, current=None)
+    observer = Observer("run", streamer, lambda: "local", lambda: 0)
+
+    def dropped_total() -> float:
+        text = observer.metrics.render().decode()
+        return next(s.value for fam in text_string_to_metric_families(text)
+                    for s in fam.samples if s.name == "traind_checkpoints_dropped_total")
+
+    assert dropped_total() == 0
+    observer.dropped(Pinned("checkpoint-2", 2, 100, 100, False))
+    observer.dropped(Pinned("checkpoint-1", 1, 100, 100, False))
+    assert dropped_total() == 2
+    status = observer.snapshot()
+    assert [d["tag"] for d in status["dropped"]] == ["checkpoint-1", "checkpoint-2"]
+    assert "dropped    2 not stored" in render(status)

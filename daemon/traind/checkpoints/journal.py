@@ -3,11 +3,15 @@
 States: ``staged`` (snapshot taken, may still change) → ``ready`` (complete, queued) →
 ``committed`` (manifest stored) → ``pruning`` (its manifest may be gone from the store, its
 files not yet) → ``pruned`` (removed from the store by retention); or ``ready`` →
-``conflict`` (another writer holds the tag in the store: never retried, snapshot kept).
+``conflict`` (another writer holds the tag in the store: never retried, snapshot kept); or
+``ready`` → ``dropped`` (its snapshot let go before it was stored, to keep the disk from
+filling).
 Per file it keeps its size and mtime when snapshot (a later rewrite by the trainer is told
 apart), the sha256 once the file is durably stored, and opaque resume state for backends
 that upload in parts. Every write is one transaction, fsynced, so a daemon killed
-at any moment restarts from the last thing that really happened.
+at any moment restarts from the last thing that really happened. A write that fails for
+lack of space (or a disk I/O error) is retried with backoff until it succeeds: losing the
+daemon would lose every checkpoint after it.
 
 A journal is opened for one run (``RunIdentity``): every row carries its run's key, and
 every query and write sees only that run's rows, so runs sharing a ``state_dir`` never skip,
@@ -30,10 +34,11 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import structlog
 
+from traind.backoff import doubling
 from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.storage.base import LocalFile
 
-State = Literal["staged", "ready", "committed", "pruning", "pruned", "conflict"]
+State = Literal["staged", "ready", "committed", "pruning", "pruned", "conflict", "dropped"]
 P = ParamSpec("P")
 T = TypeVar("T")
 log = structlog.get_logger("traind.journal")
@@ -104,20 +109,27 @@ class Journal:
     """Thread-safe access to one run's records in the journal database; async methods run
     in a worker thread."""
 
-    def __init__(self, path: Path, run: RunIdentity) -> None:
+    def __init__(
+        self, path: Path, run: RunIdentity, retry_initial: float = 0.2, retry_max: float = 10.0
+    ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.run = run
         self._key = run.key
         self._path = path
+        self._retry = (retry_initial, retry_max)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
         self._lock = threading.Lock()
-        if self._columns("checkpoints") and "run" not in self._columns("checkpoints"):
-            self._add_column("files", "mtime_ns INTEGER")
-            self._tx_fn(self._migrate)
-        self._db.executescript(_SCHEMA)
-        self._tx_fn(self._claim_legacy, staging_dir(path.parent, run))
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            if self._columns("checkpoints") and "run" not in self._columns("checkpoints"):
+                self._add_column("files", "mtime_ns INTEGER")
+                self._tx_fn(self._migrate)
+            self._db.executescript(_SCHEMA)
+            self._tx_fn(self._claim_legacy, staging_dir(path.parent, run))
+        except BaseException:  # e.g. no space for the WAL index: see space.open_journal
+            self._db.close()
+            raise
 
     def _columns(self, table: str) -> set[str]:
         return {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
@@ -200,6 +212,32 @@ class Journal:
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
+    async def _write(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Run ``statements`` as one transaction; retried with backoff, never given up,
+        while the disk is full (one error event when it starts, one line when it passes)."""
+        failed_at: float | None = None
+        attempt = 0
+        while True:
+            try:
+                await self._run(self._tx, statements)
+            except sqlite3.OperationalError as exc:
+                if not out_of_space(exc):
+                    raise
+                if failed_at is None:
+                    failed_at = time.monotonic()
+                    log.error(
+                        "journal_write_failed", journal=str(self._path), error=str(exc),
+                        free_bytes=_free_bytes(self._path.parent),
+                        hint="retrying until it succeeds; free space in state_dir",
+                    )
+                await asyncio.sleep(doubling(attempt, *self._retry))
+                attempt += 1
+                continue
+            if failed_at is not None:
+                log.info("journal_write_recovered", journal=str(self._path), attempts=attempt,
+                         seconds=round(time.monotonic() - failed_at, 3))
+            return
+
     def _tx(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         def run() -> None:
             for sql, params in statements:
@@ -213,10 +251,11 @@ class Journal:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 fn(*args, **kwargs)
+                self._db.execute("COMMIT")  # a full disk may fail the commit itself
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -269,12 +308,11 @@ class Journal:
             )
             for f in files
         ]
-        await self._run(self._tx, ops)
+        await self._write(ops)
 
     async def set_state(self, tag: str, state: State) -> None:
         """Move ``tag`` to ``state``."""
-        await self._run(
-            self._tx,
+        await self._write(
             [("UPDATE checkpoints SET state = ?, updated_at = ? WHERE run = ? AND tag = ?",
               (state, time.time(), self._key, tag))],
         )
@@ -282,8 +320,7 @@ class Journal:
     async def record_committed(self, tag: str, step: int, source: Path, backend: str) -> None:
         """Record a checkpoint restored to ``source`` from the store: committed, its files
         verified against the manifest (an earlier snapshot's files are forgotten)."""
-        await self._run(
-            self._tx,
+        await self._write(
             [
                 (
                     "INSERT INTO checkpoints (run, tag, step, source, state, backend, "
@@ -309,7 +346,7 @@ class Journal:
                 ("UPDATE files SET sha256 = NULL WHERE run = ? AND tag = ?", (self._key, tag)),
                 ("DELETE FROM resume WHERE run = ? AND tag = ?", (self._key, tag)),
             ]
-        await self._run(self._tx, ops)
+        await self._write(ops)
 
     # -- files --------------------------------------------------------------------------
 
@@ -328,8 +365,7 @@ class Journal:
 
     async def file_done(self, tag: str, path: str, sha256: str) -> None:
         """Record that ``path`` of ``tag`` is durably stored with this sha256."""
-        await self._run(
-            self._tx,
+        await self._write(
             [
                 ("UPDATE files SET sha256 = ? WHERE run = ? AND tag = ? AND path = ?",
                  (sha256, self._key, tag, path)),
@@ -349,8 +385,7 @@ class Journal:
 
     async def save_resume(self, tag: str, path: str, state: str) -> None:
         """Save opaque resume state for one file."""
-        await self._run(
-            self._tx,
+        await self._write(
             [("INSERT OR REPLACE INTO resume (run, tag, path, state) VALUES (?, ?, ?, ?)",
               (self._key, tag, path, state))],
         )
@@ -363,6 +398,22 @@ class Journal:
             sql, params = sql + " AND tag = ?", (self._key, tag)
         rows = await self._run(self._query, sql, params)
         return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+
+def out_of_space(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite failed for lack of space: SQLITE_FULL, or an I/O error (which is what
+    a failed write of the WAL or its index reports)."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")
+
+
+def _free_bytes(directory: Path) -> int | None:
+    """Bytes free to unprivileged writers on ``directory``'s filesystem (None if unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _entry(row: tuple[Any, ...]) -> Entry:

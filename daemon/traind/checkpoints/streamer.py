@@ -30,6 +30,7 @@ log = structlog.get_logger("traind.streamer")
 
 OnCommit = Callable[[Manifest], Awaitable[None]]
 OnRewritten = Callable[[str], None]
+OnStaged = Callable[[int], Awaitable[None]]
 
 
 class Streamer:
@@ -65,8 +66,14 @@ class Streamer:
         self.on_rewritten: OnRewritten | None = None
         """Told the tag of a checkpoint written again after it was complete (the watcher
         looks at it anew)."""
+        self.on_staged: OnStaged | None = None
+        """Told the size of each snapshot just taken, before the trainer hears of it (the
+        free-space check: the trainer's next save must fit)."""
+        self.in_flight: str | None = None
+        """The tag the upload loop is committing now."""
         self._pending: set[str] = set()
-        """Tags to commit: queued, in flight, or waiting to be retried."""
+        """Tags to commit: queued, in flight, or waiting to be retried (a dropped one is
+        no longer pending; its queue entries are skipped)."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._commit_lock = asyncio.Lock()
@@ -102,7 +109,13 @@ class Streamer:
             return StageResult.RETRY
         self.stage_errors.pop(tag, None)
         await self._journal.staged(tag, step, source, snap.files)
-        await asyncio.to_thread(_ack, self.acks, tag)
+        if self.on_staged is not None:
+            await self.on_staged(snap.total_bytes)
+        try:
+            await asyncio.to_thread(_ack, self.acks, tag)
+        except OSError as exc:  # the trainer's callback waits its ack_timeout, then saves on
+            log.error("checkpoint_ack_failed", tag=tag, step=step, error=str(exc),
+                      hint="the trainer waits for its snapshot ack until it times out")
         log.info(
             "checkpoint_staged", tag=tag, step=step, files=len(snap.files),
             bytes=snap.total_bytes, copied=snap.copied,
@@ -135,6 +148,9 @@ class Streamer:
         """Commit queued checkpoints one at a time, until cancelled."""
         while True:
             tag = await self._next()
+            if tag not in self._pending:  # dropped while it waited
+                continue
+            self.in_flight = tag
             try:
                 await self.commit(tag)
                 self._failures.pop(tag, None)
@@ -148,7 +164,7 @@ class Streamer:
             except (StorageError, OSError) as exc:
                 self._retry_later(tag, exc)  # still pending
             finally:
-                self.current = None
+                self.current = self.in_flight = None
                 if not self._pending:
                     self._idle.set()
 
@@ -192,6 +208,20 @@ class Streamer:
         delay = doubling(n - 1, initial, cap)
         log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
         asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
+
+    async def drop(self, tag: str) -> None:
+        """Let go of the snapshot of ``tag`` without storing it (not the one in flight):
+        journalled as dropped, so no restart uploads or resumes from it, and its staging
+        removed."""
+        if tag == self.in_flight:
+            raise TraindError(f"{tag} is being uploaded; it cannot be dropped")
+        self._pending.discard(tag)  # first, so the upload loop cannot pick it up meanwhile
+        self._failures.pop(tag, None)
+        if not self._pending:
+            self._idle.set()
+        # The space before the journal: on a disk with no byte left its write waits for it.
+        await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
+        await self._journal.set_state(tag, "dropped")
 
     async def _rewritten(self, exc: snapshot.RewrittenError) -> None:
         """Drop a snapshot the trainer wrote over; the checkpoint is snapshot again once it

@@ -36,6 +36,11 @@ class Metrics:
             "traind_checkpoints_committed_total", "Checkpoints committed (manifest written).",
             registry=r,
         )
+        self.checkpoints_dropped = Counter(
+            "traind_checkpoints_dropped_total",
+            "Checkpoints let go unstored to keep output_dir's filesystem from filling.",
+            registry=r,
+        )
         self.child_restarts = Counter(
             "traind_child_restarts_total", "Restarts of a supervised child.", ["child"],
             registry=r,
@@ -85,6 +90,10 @@ class Metrics:
     def uploaded(self, nbytes: int) -> None:
         """``nbytes`` more were sent to the store."""
         self.uploaded_bytes.inc(nbytes)
+
+    def dropped(self) -> None:
+        """A checkpoint's snapshot was let go before it was stored (the disk was full)."""
+        self.checkpoints_dropped.inc()
 
     def restarted(self, child: str) -> None:
         """The supervised ``child`` was restarted."""

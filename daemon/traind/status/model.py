@@ -55,6 +55,15 @@ class CommittedInfo(TypedDict):
     committed_at: float
 
 
+class DroppedInfo(TypedDict):
+    """A checkpoint let go unstored to keep output_dir's filesystem from filling."""
+
+    tag: str
+    step: int
+    bytes: int
+    dropped_at: float
+
+
 class ErrorInfo(TypedDict):
     """A recent error: when, the log event, and its fields as one line."""
 
@@ -75,6 +84,7 @@ class StatusSnapshot(TypedDict):
     watcher: WatcherInfo
     upload: UploadInfo | None
     committed: list[CommittedInfo]
+    dropped: list[DroppedInfo]
     next_prune: float | None
     errors: list[ErrorInfo]
 
@@ -135,6 +145,7 @@ def snapshot(
     tracked: int = 0,
     upload: UploadInfo | None = None,
     committed: Iterable[CommittedInfo] = (),
+    dropped: Iterable[DroppedInfo] = (),
     next_prune: float | None = None,
     errors: Iterable[ErrorInfo] = (),
     now: float | None = None,
@@ -146,6 +157,7 @@ def snapshot(
         backend=backend, children=list(children),
         watcher=WatcherInfo(queued=queued, tracked=tracked), upload=upload,
         committed=sorted(committed, key=lambda c: c["step"]),
+        dropped=sorted(dropped, key=lambda d: d["step"]),
         next_prune=next_prune, errors=list(errors),
     )
 

@@ -63,6 +63,10 @@ def render(status: StatusSnapshot, now: float | None = None) -> str:
         )
     else:
         out.append("committed  none yet")
+    dropped = status.get("dropped", [])
+    if dropped:
+        out.append(f"dropped    {len(dropped)} not stored (disk full while the store was "
+                   f"behind): {', '.join(d['tag'] for d in dropped)}")
     out.append(f"next prune {_when(status['next_prune'], now)}")
     if status["errors"]:
         out += ["", "recent errors (oldest first)"]

@@ -1,0 +1,217 @@
+"""Free space on output_dir's filesystem: training progress comes before old snapshots.
+
+A snapshot of a checkpoint the trainer has rotated away (``save_total_limit``) holds the
+only link to its files; while the store is down such snapshots pile up until the trainer's
+next save fails. Below the floor, the oldest of them are let go — never the newest, and
+never one whose files the trainer still has (dropping it would free nothing).
+``to_drop`` is the decision; ``SpaceGuard`` measures and acts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from traind.checkpoints.identity import RunIdentity, staging_dir
+from traind.checkpoints.journal import Journal, out_of_space
+from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.watcher import parse_step
+from traind.errors import TraindError
+
+log = structlog.get_logger("traind.space")
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A staged snapshot waiting for the store: its size, the bytes only it holds (freed
+    when it goes), and whether the trainer's own directory of it is still there."""
+
+    tag: str
+    step: int
+    bytes: int
+    unique_bytes: int
+    source_exists: bool
+
+
+def floor_bytes(factor: float, fixed: int, checkpoint_bytes: int) -> int:
+    """The floor: ``fixed`` bytes, or ``factor`` times the size of a checkpoint."""
+    return fixed if factor == 0 else int(factor * checkpoint_bytes)
+
+
+def to_drop(free: int, floor: int, pinned: Sequence[Pinned]) -> list[Pinned]:
+    """The snapshots to let go, oldest first, until ``free`` is back at ``floor``: only ones
+    whose source is gone and that hold bytes of their own, never the newest."""
+    if free >= floor or not pinned:
+        return []
+    newest = max(pinned, key=lambda p: p.step)
+    chosen = []
+    for p in sorted(pinned, key=lambda p: p.step):
+        if free >= floor:
+            break
+        if p is newest or p.source_exists or p.unique_bytes == 0:
+            continue
+        chosen.append(p)
+        free += p.unique_bytes
+    return chosen
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer (the trainer) can still use on ``path``'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def measure(root: Path) -> tuple[int, int]:
+    """(size, bytes held only by this snapshot) of the staged snapshot in ``root``."""
+    total = unique = 0
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            total += st.st_size
+            if st.st_nlink == 1:
+                unique += st.st_size
+    return total, unique
+
+
+def _same_filesystem(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` (or, before it exists, its parent) share a filesystem."""
+    while not b.exists() and b != b.parent:
+        b = b.parent
+    return os.stat(a).st_dev == os.stat(b).st_dev
+
+
+class SpaceGuard:
+    """Keeps free space on ``output_dir``'s filesystem at the floor by dropping pinned
+    snapshots (see ``to_drop``); ``on_drop`` is told each one (for the metric)."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        streamer: Streamer,
+        journal: Journal,
+        floor: tuple[float, int],
+        on_drop: Callable[[Pinned], None] | None = None,
+    ) -> None:
+        self._dir = output_dir
+        self._streamer = streamer
+        self._journal = journal
+        self._factor, self._fixed = floor
+        self._on_drop = on_drop
+        self._lock = asyncio.Lock()
+        self._short = False  # below the floor with nothing left to drop (warned once)
+        self.checkpoint_bytes = 0
+        """The largest checkpoint seen: what a ``factor`` floor multiplies."""
+
+    def staged(self, nbytes: int) -> None:
+        """A checkpoint of ``nbytes`` was just snapshot."""
+        self.checkpoint_bytes = max(self.checkpoint_bytes, nbytes)
+
+    async def check(self) -> list[Pinned]:
+        """Measure free space and, below the floor, drop what ``to_drop`` says; return it."""
+        if self._factor == 0 and self._fixed == 0:
+            return []
+        async with self._lock:
+            try:
+                free = await asyncio.to_thread(free_bytes, self._dir)
+            except OSError:  # output_dir not there yet: the trainer has written nothing
+                return []
+            floor = floor_bytes(self._factor, self._fixed, self.checkpoint_bytes)
+            if free >= floor and self.checkpoint_bytes:  # else: sizes from staging, below
+                self._short = False
+                return []
+            pinned = await self._pinned()
+            floor = floor_bytes(self._factor, self._fixed, self.checkpoint_bytes)
+            dropped = []
+            for p in to_drop(free, floor, pinned):
+                if p.tag == self._streamer.in_flight:  # picked up for upload meanwhile
+                    continue
+                await self._streamer.drop(p.tag)
+                dropped.append(p)
+                log.error(
+                    "checkpoint_dropped", tag=p.tag, step=p.step, bytes=p.bytes,
+                    free_bytes=free, floor=floor,
+                    reason="free space on output_dir's filesystem below the floor while "
+                           "the store is behind; the trainer had rotated it away",
+                    hint="it is not stored; a newer checkpoint is kept",
+                )
+                free += p.unique_bytes
+                if self._on_drop is not None:
+                    self._on_drop(p)
+            if free < floor and not self._short:
+                log.warning(
+                    "disk_space_low", output_dir=str(self._dir), free_bytes=free, floor=floor,
+                    waiting=len(pinned) - len(dropped),
+                    hint="nothing more can be dropped: the trainer's own checkpoints or the "
+                         "newest snapshot hold the rest; free space on this filesystem",
+                )
+            self._short = free < floor
+            return dropped
+
+    async def _pinned(self) -> list[Pinned]:
+        """The complete snapshots waiting for the store, except the one being uploaded;
+        none when staging is on another filesystem (its copies take no space here)."""
+        if not await asyncio.to_thread(_same_filesystem, self._dir, self._streamer.staging):
+            return []
+        found = []
+        for entry in await self._journal.entries("ready"):
+            if entry.tag == self._streamer.in_flight:
+                continue
+            size, unique = await asyncio.to_thread(measure, self._streamer.staging / entry.tag)
+            self.checkpoint_bytes = max(self.checkpoint_bytes, size)
+            exists = await asyncio.to_thread(entry.source.exists)
+            found.append(Pinned(entry.tag, entry.step, size, unique, exists))
+        return found
+
+
+def open_journal(state_dir: Path, run: RunIdentity) -> tuple[Journal, list[Pinned]]:
+    """Open ``run``'s journal in ``state_dir``; while it cannot be for lack of space (a disk
+    that filled while no daemon ran), let go of the oldest snapshot in the run's staging whose
+    source is gone, never the newest. Return the journal and what was dropped (to be
+    journalled)."""
+    dropped: list[Pinned] = []
+    staging = staging_dir(state_dir, run)
+    while True:
+        try:
+            return Journal.in_state_dir(state_dir, run), dropped
+        except sqlite3.OperationalError as exc:
+            if not out_of_space(exc):
+                raise
+            victim = _oldest_rotated_away(staging, run.output_dir)
+            if victim is None:
+                raise TraindError(
+                    f"the journal in {state_dir} cannot be opened: {exc} and no snapshot can "
+                    "be let go; free space on that filesystem"
+                ) from exc
+            shutil.rmtree(staging / victim.tag, ignore_errors=True)
+            log.error(
+                "checkpoint_dropped", tag=victim.tag, step=victim.step, bytes=victim.bytes,
+                free_bytes=free_bytes(state_dir), floor=None,
+                reason="the disk is full: the journal could not be opened; the trainer had "
+                       "rotated it away",
+                hint="it is not stored; a newer checkpoint is kept",
+            )
+            dropped.append(victim)
+
+
+def _oldest_rotated_away(staging: Path, output_dir: Path) -> Pinned | None:
+    """The oldest snapshot in ``staging``, not the newest, whose source is gone."""
+    snapshots = sorted(
+        (step, path) for path in (staging.iterdir() if staging.is_dir() else ())
+        if path.is_dir() and not path.name.endswith(".tmp")
+        and (step := parse_step(path.name)) is not None
+    )
+    for step, path in snapshots[:-1]:
+        if not (output_dir / path.name).exists():
+            size, unique = measure(path)
+            return Pinned(path.name, step, size, unique, False)
+    return None

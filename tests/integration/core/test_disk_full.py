@@ -1,0 +1,162 @@
+"""A full disk (a real tmpfs) never stops the daemon: journal writes wait for space, and a
+failed snapshot ack is reported, not fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from tests.support.checkpoints import run_in, write_checkpoint
+from tests.support.tmpfs import fill, tmpfs
+
+from traind.checkpoints import recovery
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.space import SpaceGuard
+from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.watcher import StageResult
+from traind.errors import TraindError, TransientStorageError
+from traind.storage.base import LocalFile, UploadSession
+from traind.storage.memory import MemoryBackend
+
+
+async def test_journal_write_waits_for_space(tmp_path: Path) -> None:
+    """A journal write that fails with "database or disk is full" is retried, logged once
+    at error level, and succeeds once space is back."""
+    with tmpfs(tmp_path / "fs", "1m") as fs:
+        journal = Journal(fs / "state" / "journal.sqlite3", run_in(tmp_path), retry_initial=0.05,
+                          retry_max=0.2)
+        try:
+            ballast = fill(fs)
+            files = [LocalFile(f"shard-{i:05d}-{'x' * 60}.bin", i) for i in range(3000)]
+            with capture_logs() as logs:
+                write = asyncio.create_task(
+                    journal.staged("checkpoint-1", 1, tmp_path / "out", files)
+                )
+                async with asyncio.timeout(30):
+                    while not any(e["event"] == "journal_write_failed" for e in logs):
+                        if write.done():
+                            write.result()  # the old journal raised here
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)  # several retries fail meanwhile
+                assert not write.done()
+                ballast.unlink()
+                async with asyncio.timeout(30):
+                    await write
+            failed = [e for e in logs if e["event"] == "journal_write_failed"]
+            assert len(failed) == 1
+            assert failed[0]["log_level"] == "error"
+            assert "full" in failed[0]["error"] or "I/O" in failed[0]["error"]
+            recovered = [e for e in logs if e["event"] == "journal_write_recovered"]
+            assert len(recovered) == 1
+            assert recovered[0]["attempts"] >= 2
+            entry = await journal.get("checkpoint-1")
+            assert entry is not None
+            assert entry.state == "staged"
+            assert len(await journal.files("checkpoint-1")) == 3000
+            await journal.set_state("checkpoint-1", "ready")  # later writes work as before
+        finally:
+            journal.close()
+
+
+async def test_failed_ack_is_reported_not_fatal(tmp_path: Path) -> None:
+    """A snapshot whose ack to the trainer's callback cannot be written still counts as
+    staged; the failure is an error event, never an exception out of the watcher."""
+    state = tmp_path / "state"
+    journal = Journal.in_state_dir(state, run_in(tmp_path))
+    streamer = Streamer("r", state, MemoryBackend(), journal)
+    (state / "acks").write_text("a file where the ack directory belongs")
+    write_checkpoint(tmp_path / "out", 1)
+    try:
+        with capture_logs() as logs:
+            result = await streamer.stage("checkpoint-1", 1, tmp_path / "out" / "checkpoint-1")
+        assert result is StageResult.STAGED
+        assert [e["event"] for e in logs if e["log_level"] == "error"] == ["checkpoint_ack_failed"]
+    finally:
+        journal.close()
+
+
+async def until(check: Callable[[], bool], within: float = 20.0) -> None:
+    """Poll ``check`` until it holds, for at most ``within`` seconds."""
+    async with asyncio.timeout(within):
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.01)
+
+
+class DownStore(MemoryBackend):
+    """A memory store that fails every upload while ``down``."""
+
+    down = True
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        if self.down:
+            raise TransientStorageError("connection refused (test)")
+        await super().upload(tag, root, files, session)
+
+
+async def test_dropped_snapshot_is_never_uploaded(tmp_path: Path) -> None:
+    """A dropped checkpoint waiting for its retry is no longer pending, is never uploaded
+    once the store is back, and a restarted daemon neither uploads nor tracks it; the one in
+    flight cannot be dropped."""
+    state, out = tmp_path / "state", tmp_path / "out"
+    store = DownStore()
+    journal = Journal.in_state_dir(state, run_in(tmp_path))
+    streamer = Streamer("r", state, store, journal, retry_initial=0.2, retry_max=0.2)
+    running = asyncio.create_task(streamer.run())
+    try:
+        for step in (1, 2):
+            write_checkpoint(out, step)
+            await streamer.stage(f"checkpoint-{step}", step, out / f"checkpoint-{step}")
+            await streamer.complete(f"checkpoint-{step}", step)
+        await until(lambda: streamer.in_flight is not None)
+        with pytest.raises(TraindError, match="being uploaded"):
+            await streamer.drop(streamer.in_flight or "")
+        await until(lambda: streamer.in_flight is None)  # failed, waiting for its retry
+        await streamer.drop("checkpoint-1")
+        assert streamer.pending == 1
+        assert not (streamer.staging / "checkpoint-1").exists()
+        store.down = False
+        async with asyncio.timeout(20):
+            await streamer.wait_idle()
+        assert list(store.manifest_by_tag) == ["checkpoint-2"]
+        entry = await journal.get("checkpoint-1")
+        assert entry is not None
+        assert entry.state == "dropped"
+    finally:
+        running.cancel()
+    again = Streamer("r", state, store, journal)
+    assert await recovery.recover(again, journal, list(store.manifest_by_tag.values())) == ([], [])
+    assert again.pending == 0
+    journal.close()
+
+
+async def test_staging_on_another_filesystem_is_never_dropped(tmp_path: Path) -> None:
+    """With state_dir on another filesystem, snapshots are copies that take no space on
+    output_dir's: a full output_dir drops none of them (it would free nothing) and says
+    once that nothing can be dropped."""
+    with tmpfs(tmp_path / "out", "2m") as out, tmpfs(tmp_path / "state", "4m") as state:
+        journal = Journal.in_state_dir(state, run_in(tmp_path))
+        streamer = Streamer("r", state, MemoryBackend(), journal)
+        guard = SpaceGuard(out, streamer, journal, (1.0, 0))
+        try:
+            for step in (1, 2, 3):
+                write_checkpoint(out, step, size=128 * 1024)
+                await streamer.stage(f"checkpoint-{step}", step, out / f"checkpoint-{step}")
+                await journal.set_state(f"checkpoint-{step}", "ready")
+                shutil.rmtree(out / f"checkpoint-{step}")
+            guard.staged(2 * 128 * 1024)
+            fill(out)
+            with capture_logs() as logs:
+                assert await guard.check() == []
+                assert await guard.check() == []
+            assert [e["event"] for e in logs] == ["disk_space_low"]
+            assert [e.state for e in await journal.entries()] == ["ready"] * 3
+        finally:
+            journal.close()
