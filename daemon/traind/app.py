@@ -120,6 +120,7 @@ class Daemon:
         await recovery.restore_if_fresh(
             self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
         )
+        manifests = await recovery.without_corrupt(self.journal, manifests)
         tracked = await recovery.recover(self.streamer, self.journal, manifests)
         done = {e.tag for e in await self.journal.entries("ready", "committed", "pruning",
                                                           "pruned")}

@@ -29,7 +29,9 @@ EXAMPLES = {
     "  traind check-config -c config/s3.toml --offline   # skip the store probe",
     "list": "example:\n  traind list -c /etc/traind/traind.toml\n  traind list --json | jq '.[0]'",
     "pull": "examples:\n  traind pull latest ./restore            # → ./restore/checkpoint-N\n"
-    "  traind pull checkpoint-400 /data/out",
+    "  traind pull checkpoint-400 /data/out\n\n"
+    "'latest' passes over a corrupt newest checkpoint to the newest that verifies, and\n"
+    "says so on stderr; a named TAG that does not verify is refused (exit status 1).",
     "push": "example:\n  traind push /data/out/checkpoint-400",
     "prune": "examples:\n  traind prune --dry-run                  # show what would go, and why\n"
     "  traind prune",
@@ -266,16 +268,35 @@ def _age(seconds: float) -> str:
 
 
 async def _pull(args: argparse.Namespace) -> int:
-    from traind.checkpoints.restore import find, restore
+    from traind.checkpoints.manifest import Manifest
+    from traind.checkpoints.restore import find, restore, restore_newest
+    from traind.errors import IntegrityError
     from traind.progress import Progress, shown
     from traind.storage.factory import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
+
+    async def attempt(manifest: Manifest) -> Path:
+        async with shown(Progress(manifest.total_bytes), f"pull {manifest.tag}") as progress:
+            return await restore(storage, manifest, args.dir, progress)
+
     try:
         manifest = await find(storage, args.tag)
-        async with shown(Progress(manifest.total_bytes), f"pull {manifest.tag}") as progress:
-            dest = await restore(storage, manifest, args.dir, progress)
+        if args.tag != "latest":
+            dest = await attempt(manifest)
+        else:
+            manifests = await storage.manifests()
+            restored = await restore_newest(storage, manifests, args.dir, None, attempt)
+            if restored is None:
+                raise IntegrityError(
+                    f"no committed checkpoint in {storage.describe} verifies "
+                    f"({len(manifests)} tried; see traind verify --all)"
+                )
+            if restored.tag != manifest.tag:
+                print(f"traind: {manifest.tag} (latest) is corrupt in the store; pulled "
+                      f"{restored.tag}, the newest that verifies", file=sys.stderr)
+            dest = args.dir / restored.tag
     finally:
         await storage.aclose()
     print(dest)

@@ -51,6 +51,18 @@ CREATE TABLE IF NOT EXISTS resume (
 );
 """
 
+_CORRUPT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS corrupt (
+    tag TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (tag, manifest)
+);
+"""
+"""Stored checkpoints found not to match their manifest, by tag and manifest identity: a
+restore skips them, until the tag's manifest in the store changes."""
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -90,6 +102,7 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        self._db.executescript(_CORRUPT_SCHEMA)
         self._add_column("files", "mtime_ns INTEGER")
         self._lock = threading.Lock()
 
@@ -263,6 +276,22 @@ class Journal:
             sql, params = sql + " WHERE tag = ?", (tag,)
         rows = await self._run(self._query, sql, params)
         return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+    # -- corrupt checkpoints in the store --------------------------------------------------
+
+    async def record_corrupt(self, tag: str, manifest: str, reason: str) -> None:
+        """Record that the stored ``tag`` with manifest identity ``manifest`` failed
+        verification, and why."""
+        await self._run(
+            self._tx,
+            [("INSERT OR REPLACE INTO corrupt (tag, manifest, reason, at) VALUES (?, ?, ?, ?)",
+              (tag, manifest, reason, time.time()))],
+        )
+
+    async def corrupt(self) -> dict[tuple[str, str], str]:
+        """Every recorded corrupt checkpoint: (tag, manifest identity) → reason."""
+        rows = await self._run(self._query, "SELECT tag, manifest, reason FROM corrupt")
+        return {(str(t), str(m)): str(r) for t, m, r in rows}
 
 
 def _entry(row: tuple[Any, ...]) -> Entry:
