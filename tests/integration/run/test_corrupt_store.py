@@ -1,6 +1,7 @@
 """A corrupt checkpoint in the store, through the real CLI against a local store and a real
 SeaweedFS: a fresh host falls back to the newest that verifies and starts the trainer from
-it, ``pull latest`` falls back and says so, ``pull TAG`` refuses."""
+it, ``pull latest`` falls back and says so, ``pull TAG`` refuses, ``verify`` names each bad
+file."""
 
 from __future__ import annotations
 
@@ -183,6 +184,8 @@ def test_fresh_host_falls_back_past_a_corrupt_newest(tmp_path: Path, store: Stor
     assert resumed == [str(out / "checkpoint-3")] * 2
     assert store.read("checkpoint-4", "shard-0.bin") == (out / "checkpoint-4/shard-0.bin"
                                                          ).read_bytes()
+    checked = traind("verify", "-c", str(cfg), "checkpoint-4")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_pull_latest_falls_back_and_pull_tag_refuses(tmp_path: Path, store: Store) -> None:
@@ -202,3 +205,36 @@ def test_pull_latest_falls_back_and_pull_tag_refuses(tmp_path: Path, store: Stor
     assert named.returncode == 1
     assert "checkpoint checkpoint-4 failed verification: shard-0.bin: sha256" in named.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["checkpoint-3"]
+
+
+def test_verify_reports_every_bad_file(tmp_path: Path, store: Store) -> None:
+    """``verify`` exits 0 on a clean store; with a flipped byte and a missing object it names
+    exactly those files (``--all`` and by tag) and exits 1."""
+    committed_1_to_4(tmp_path, store)
+    cfg = host(tmp_path, "checker", store)
+    (tmp_path / "checker/state").mkdir()  # the scratch files go there
+    clean = traind("verify", "-c", str(cfg))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert [line.split(":")[0] for line in clean.stdout.splitlines()[:4]] == [
+        f"checkpoint-{n}" for n in range(1, 5)]
+    assert "4 OK, 0 with problems" in clean.stdout
+
+    store.flip_byte("checkpoint-4", "shard-1.bin")
+    store.remove("checkpoint-2", "trainer_state.json")
+    every = traind("verify", "-c", str(cfg), "--all")
+    assert every.returncode == 1
+    problems = [line.strip() for line in every.stdout.splitlines() if line.startswith("  ")]
+    assert len(problems) == 2, every.stdout
+    assert problems[0].startswith("trainer_state.json: ")
+    assert "missing" in problems[0]
+    assert problems[1].startswith("shard-1.bin: sha256 ")
+    assert "checkpoint-1: OK" in every.stdout
+    assert "checkpoint-3: OK" in every.stdout
+    assert "2 OK, 2 with problems" in every.stdout
+
+    one = traind("verify", "-c", str(cfg), "checkpoint-4")
+    assert one.returncode == 1
+    assert "checkpoint-4: 1 of 3 files do not match" in one.stdout
+    good = traind("verify", "-c", str(cfg), "checkpoint-3")
+    assert good.returncode == 0, good.stdout
+    assert not list((tmp_path / "checker/state").glob(".traind-verify-*"))
