@@ -1,0 +1,68 @@
+"""A resume point missing or torn on disk is restored from the store; when the store's copy
+is corrupt too, the next older checkpoint is the resume point, and the corrupt one is
+remembered in the journal (old journals gain the table on open)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from structlog.testing import capture_logs
+from tests.support.checkpoints import commit_through_streamer, rewrite
+
+from traind.checkpoints import journal as journal_module
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.recovery import resume_point
+from traind.config import CheckpointsConfig
+from traind.storage.memory import MemoryBackend
+
+
+async def test_a_torn_resume_point_corrupt_in_the_store_falls_back(tmp_path: Path) -> None:
+    """checkpoint-4 torn on disk and corrupt in the store: checkpoint-3 is resumed from, 4
+    logged as an error once and then skipped without being downloaded again."""
+    store = MemoryBackend()
+    (await commit_through_streamer(tmp_path, store, 3)).close()
+    journal = await commit_through_streamer(tmp_path, store, 4)
+    out, config = tmp_path / "out", CheckpointsConfig()
+    try:
+        rewrite(out / "checkpoint-4/shard-0.bin", b"torn")  # killed while saving it again
+        stored = bytearray(store.objects["checkpoint-4/shard-1.bin"])
+        stored[7] ^= 1
+        store.objects["checkpoint-4/shard-1.bin"] = bytes(stored)
+        with capture_logs() as first:
+            assert await resume_point(store, journal, out, config) == out / "checkpoint-3"
+        with capture_logs() as second:
+            assert await resume_point(store, journal, out, config) == out / "checkpoint-3"
+    finally:
+        journal.close()
+    corrupt = [e for e in first if e["event"] == "checkpoint_corrupt"]
+    assert [(e["tag"], e["log_level"]) for e in corrupt] == [("checkpoint-4", "error")]
+    assert "shard-1.bin" in corrupt[0]["error"]
+    assert not (out / "checkpoint-4").exists()
+    events = [e["event"] for e in second]
+    assert "checkpoint_corrupt" not in events
+    assert "restore_skipped_corrupt" in events
+    reopened = Journal.in_state_dir(tmp_path / "state")
+    try:
+        assert [tag for tag, _ in await reopened.corrupt()] == ["checkpoint-4"]
+    finally:
+        reopened.close()
+
+
+async def test_a_journal_from_before_gains_the_corrupt_table(tmp_path: Path) -> None:
+    """A journal written without the corrupt table opens (twice), keeps its rows, and
+    records corrupt checkpoints."""
+    path = tmp_path / "journal.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(journal_module._SCHEMA)
+    db.execute("INSERT INTO checkpoints VALUES ('checkpoint-1', 1, '/x', 'committed', 'b', 0)")
+    db.commit()
+    db.close()
+    for _ in range(2):
+        journal = Journal(path)
+        try:
+            assert [e.tag for e in await journal.entries("committed")] == ["checkpoint-1"]
+            await journal.record_corrupt("checkpoint-2", "abc", "shard: sha256 differs")
+            assert await journal.corrupt() == {("checkpoint-2", "abc"): "shard: sha256 differs"}
+        finally:
+            journal.close()
