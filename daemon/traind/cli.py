@@ -38,7 +38,10 @@ EXAMPLES = {
     "Each file is read back through the store's normal download into a scratch file in\n"
     "run.state_dir (else $TMPDIR), removed once hashed: it needs free space for the\n"
     "largest file only. Exit status: 0 when everything matches, 1 when any file is\n"
-    "missing or differs (or the store cannot be read).",
+    "missing or differs (or the store cannot be read).\n\n"
+    "Where run.state_dir holds a journal, what is found is recorded there: a checkpoint\n"
+    "found corrupt is passed over by restores without being downloaded, and one that\n"
+    "verifies again (repaired in the store) is restored again.",
     "push": "example:\n  traind push /data/out/checkpoint-400",
     "prune": "examples:\n  traind prune --dry-run                  # show what would go, and why\n"
     "  traind prune",
@@ -318,14 +321,18 @@ async def _pull(args: argparse.Namespace) -> int:
 async def _verify(args: argparse.Namespace) -> int:
     import tempfile
 
-    from traind.checkpoints.check import check
+    from traind.checkpoints.check import check, remember
+    from traind.checkpoints.journal import Journal
     from traind.checkpoints.restore import find
     from traind.storage.factory import open_storage
     from traind.units import format_size
 
     settings = _settings(args)
     scratch = settings.run.state_dir
-    if not scratch.is_dir():
+    journal = None
+    if (scratch / "journal.sqlite3").is_file():
+        journal = Journal.in_state_dir(scratch)
+    elif not scratch.is_dir():
         scratch = Path(tempfile.gettempdir())
     storage = open_storage(settings.storage, settings.run.name)
     try:
@@ -337,6 +344,8 @@ async def _verify(args: argparse.Namespace) -> int:
         for manifest in manifests:
             report = await check(storage, manifest, scratch)
             size = f"{len(manifest.files)} files, {format_size(manifest.total_bytes)}"
+            if journal is not None:
+                await remember(journal, report)
             if report.ok:
                 print(f"{manifest.tag}: OK ({size})")
                 continue
@@ -347,6 +356,8 @@ async def _verify(args: argparse.Namespace) -> int:
                 print(f"  {problem}")
     finally:
         await storage.aclose()
+        if journal is not None:
+            journal.close()
     if not manifests:
         print(f"(no committed checkpoints in {storage.describe})")
     print(f"{len(manifests)} checkpoint(s) checked in {storage.describe}: "

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import structlog
 
+from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest, mismatch
+from traind.checkpoints.restore import identity
 from traind.errors import IntegrityError
 from traind.storage.base import Storage
 
@@ -56,6 +58,16 @@ async def check(storage: Storage, manifest: Manifest, scratch: Path) -> Report:
         seconds=round(time.monotonic() - started, 3), backend=storage.describe,
     )
     return report
+
+
+async def remember(journal: Journal, report: Report) -> None:
+    """Keep what ``check`` found for restores: a corrupt checkpoint is passed over without
+    being downloaded, one that verifies again (repaired in the store) is restored again."""
+    key = (report.manifest.tag, identity(report.manifest))
+    if report.ok:
+        await journal.forget_corrupt(*key)
+    else:
+        await journal.record_corrupt(*key, "; ".join(report.problems))
 
 
 async def _check_file(storage: Storage, one: Manifest, scratch: Path) -> str | None:

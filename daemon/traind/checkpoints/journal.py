@@ -288,6 +288,14 @@ class Journal:
               (tag, manifest, reason, time.time()))],
         )
 
+    async def forget_corrupt(self, tag: str, manifest: str) -> None:
+        """Forget that the stored ``tag`` with this manifest identity was corrupt (it
+        verifies now: repaired in the store)."""
+        await self._run(
+            self._tx,
+            [("DELETE FROM corrupt WHERE tag = ? AND manifest = ?", (tag, manifest))],
+        )
+
     async def corrupt(self) -> dict[tuple[str, str], str]:
         """Every recorded corrupt checkpoint: (tag, manifest identity) → reason."""
         rows = await self._run(self._query, "SELECT tag, manifest, reason FROM corrupt")

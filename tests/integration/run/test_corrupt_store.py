@@ -21,6 +21,8 @@ from tests.support.daemon import DaemonProcess, write_config
 from tests.support.requires import need_binary, need_module
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
 
+from traind.checkpoints.journal import Journal
+
 pytestmark = pytest.mark.timeout(240)
 RUN = "exp"
 
@@ -238,3 +240,25 @@ def test_verify_reports_every_bad_file(tmp_path: Path, store: Store) -> None:
     good = traind("verify", "-c", str(cfg), "checkpoint-3")
     assert good.returncode == 0, good.stdout
     assert not list((tmp_path / "checker/state").glob(".traind-verify-*"))
+
+
+async def test_verify_records_and_forgets_corrupt_checkpoints(tmp_path: Path,
+                                                             store: Store) -> None:
+    """``verify`` on a host with a journal records a corrupt checkpoint there (restores pass
+    over it without downloading it) and forgets it once it verifies again, repaired."""
+    committed_1_to_4(tmp_path, store)
+    cfg = host(tmp_path, "checker", store)
+    Journal.in_state_dir(tmp_path / "checker/state").close()
+    good = store.read("checkpoint-4", "shard-0.bin")
+    store.flip_byte("checkpoint-4", "shard-0.bin")
+    assert traind("verify", "-c", str(cfg)).returncode == 1
+    journal = Journal.in_state_dir(tmp_path / "checker/state")
+    try:
+        recorded = await journal.corrupt()
+        assert [tag for tag, _ in recorded] == ["checkpoint-4"]
+        assert next(iter(recorded.values())).startswith("shard-0.bin: sha256 ")
+        store.write("checkpoint-4", "shard-0.bin", good)
+        assert traind("verify", "-c", str(cfg), "latest").returncode == 0
+        assert await journal.corrupt() == {}
+    finally:
+        journal.close()
