@@ -73,7 +73,7 @@ async def remember(journal: Journal, report: Report) -> None:
 async def _check_file(storage: Storage, one: Manifest, scratch: Path) -> str | None:
     """The problem with the single file of ``one``, if any."""
     (entry,) = one.files
-    tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, ".traind-verify-", dir=scratch))
+    tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=".traind-verify-", dir=scratch))
     try:
         try:
             hashes = await storage.download(one, tmp, lambda n: None)

@@ -12,7 +12,7 @@ from tests.support.checkpoints import commit_through_streamer, rewrite
 
 from traind.checkpoints import journal as journal_module
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.recovery import resume_point
+from traind.checkpoints.recovery import restore_if_fresh, resume_point
 from traind.config import CheckpointsConfig
 from traind.storage.memory import MemoryBackend
 
@@ -66,3 +66,25 @@ async def test_a_journal_from_before_gains_the_corrupt_table(tmp_path: Path) -> 
             assert await journal.corrupt() == {("checkpoint-2", "abc"): "shard: sha256 differs"}
         finally:
             journal.close()
+
+
+async def test_a_fresh_host_with_no_checkpoint_that_verifies_starts_without_one(
+    tmp_path: Path,
+) -> None:
+    """Every stored checkpoint corrupt: the fresh host restores nothing, says so at error
+    level, and leaves output_dir empty for the trainer to start from scratch."""
+    store = MemoryBackend()
+    (await commit_through_streamer(tmp_path, store, 1)).close()
+    store.objects["checkpoint-1/shard-0.bin"] = b"rotten"
+    out = tmp_path / "fresh"
+    out.mkdir()
+    journal = Journal.in_state_dir(tmp_path / "fresh-state")
+    try:
+        with capture_logs() as logs:
+            await restore_if_fresh(store, journal, await store.manifests(), out,
+                                   CheckpointsConfig())
+    finally:
+        journal.close()
+    failed = [e for e in logs if e["event"] == "restore_failed"]
+    assert [e["log_level"] for e in failed] == ["error"]
+    assert list(out.iterdir()) == []
