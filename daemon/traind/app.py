@@ -226,10 +226,16 @@ class Daemon:
         )
         # Local retention must not delete it while the trainer loads it (or later).
         self._resuming = () if path is None else (path.name,)
+        # One passed over as corrupt in the store is saved again by the trainer: store it
+        # (the record goes once it is committed again).
+        if self.watcher is not None:
+            for tag, _ in await self.journal.corrupt():
+                self.watcher.reopen(tag)
         return path
 
     async def _committed(self, manifest: Manifest) -> None:
         self.observer.committed(manifest)
+        await self.journal.forget_corrupt(manifest.tag)  # stored anew over a corrupt one
         self._prune_now.set()
 
     async def _retention_loop(self) -> None:

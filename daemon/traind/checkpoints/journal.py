@@ -288,13 +288,13 @@ class Journal:
               (tag, manifest, reason, time.time()))],
         )
 
-    async def forget_corrupt(self, tag: str, manifest: str) -> None:
-        """Forget that the stored ``tag`` with this manifest identity was corrupt (it
-        verifies now: repaired in the store)."""
-        await self._run(
-            self._tx,
-            [("DELETE FROM corrupt WHERE tag = ? AND manifest = ?", (tag, manifest))],
-        )
+    async def forget_corrupt(self, tag: str, manifest: str | None = None) -> None:
+        """Forget that the stored ``tag`` (with this manifest identity; any, when None) was
+        corrupt: it verifies now (repaired in the store), or was committed again."""
+        sql, params = "DELETE FROM corrupt WHERE tag = ?", [tag]
+        if manifest is not None:
+            sql, params = sql + " AND manifest = ?", [tag, manifest]
+        await self._run(self._tx, [(sql, params)])
 
     async def corrupt(self) -> dict[tuple[str, str], str]:
         """Every recorded corrupt checkpoint: (tag, manifest identity) → reason."""

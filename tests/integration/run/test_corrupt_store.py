@@ -145,7 +145,9 @@ def is_event(name: str, **fields: object) -> object:
     return lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
 
 
-def test_fresh_host_falls_back_past_a_corrupt_newest(tmp_path: Path, store: Store) -> None:
+async def test_fresh_host_falls_back_past_a_corrupt_newest(
+    tmp_path: Path, store: Store
+) -> None:
     """A fresh host restores checkpoint-3 when checkpoint-4 is corrupt in the store, logs 4
     as an error and starts the trainer from 3; started again without output_dir it skips 4
     without downloading it, and 4 saved again by the trainer is stored over the corrupt one."""
@@ -188,6 +190,11 @@ def test_fresh_host_falls_back_past_a_corrupt_newest(tmp_path: Path, store: Stor
                                                          ).read_bytes()
     checked = traind("verify", "-c", str(cfg), "checkpoint-4")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    journal = Journal.in_state_dir(tmp_path / "fresh/state")
+    try:
+        assert await journal.corrupt() == {}  # committed again: the record is gone
+    finally:
+        journal.close()
 
 
 def test_pull_latest_falls_back_and_pull_tag_refuses(tmp_path: Path, store: Store) -> None:
@@ -262,3 +269,30 @@ async def test_verify_records_and_forgets_corrupt_checkpoints(tmp_path: Path,
         assert await journal.corrupt() == {}
     finally:
         journal.close()
+
+
+def test_a_torn_resume_point_corrupt_in_the_store_is_saved_again(
+    tmp_path: Path, store: Store
+) -> None:
+    """checkpoint-4 torn on disk and corrupt in the store: the trainer resumes from 3, and
+    the checkpoint-4 it then saves again is stored over the corrupt one."""
+    cfg = host(tmp_path, "h", store, trainer_toml(tmp_path, "h", save=True))
+    out = tmp_path / "h/out"
+    for step in (3, 4):
+        write_checkpoint(out, step)
+        pushed = traind("push", "-c", str(cfg), str(out / f"checkpoint-{step}"))
+        assert pushed.returncode == 0, pushed.stderr
+    (out / "checkpoint-4/shard-0.bin").write_bytes(b"torn")  # killed while saving it again
+    store.flip_byte("checkpoint-4", "shard-1.bin")
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for(is_event("checkpoint_committed", tag="checkpoint-4"), timeout=90)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert [e["tag"] for e in daemon.named("checkpoint_corrupt")] == ["checkpoint-4"]
+    assert (tmp_path / "h/resumed.txt").read_text().split() == [str(out / "checkpoint-3")]
+    assert store.read("checkpoint-4", "shard-0.bin") == (out / "checkpoint-4/shard-0.bin"
+                                                         ).read_bytes()
+    checked = traind("verify", "-c", str(cfg))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
