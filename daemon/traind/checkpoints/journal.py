@@ -60,8 +60,9 @@ CREATE TABLE IF NOT EXISTS corrupt (
     PRIMARY KEY (tag, manifest)
 );
 """
-"""Stored checkpoints found not to match their manifest, by tag and manifest identity: a
-restore skips them, until the tag's manifest in the store changes."""
+"""Stored checkpoints found not to match their manifest, by tag and manifest identity:
+restores and retention pass over them until the tag is committed again (a new manifest) or
+``traind verify`` finds it whole."""
 
 
 @dataclass(frozen=True)
