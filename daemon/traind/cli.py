@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import signal
 import sqlite3
 import sys
@@ -328,12 +329,11 @@ async def _verify(args: argparse.Namespace) -> int:
     from traind.units import format_size
 
     settings = _settings(args)
-    scratch = settings.run.state_dir
-    journal = None
-    if (scratch / "journal.sqlite3").is_file():
-        journal = Journal.in_state_dir(scratch)
-    elif not scratch.is_dir():
+    scratch, journal = settings.run.state_dir, None
+    if not (scratch.is_dir() and os.access(scratch, os.W_OK)):  # not this host's, or not ours
         scratch = Path(tempfile.gettempdir())
+    elif (scratch / "journal.sqlite3").is_file():
+        journal = Journal.in_state_dir(scratch)
     storage = open_storage(settings.storage, settings.run.name)
     try:
         if args.tag is None:
