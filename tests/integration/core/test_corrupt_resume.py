@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import commit_through_streamer, rewrite
 
@@ -14,6 +15,7 @@ from traind.checkpoints import journal as journal_module
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.recovery import restore_if_fresh, resume_point
 from traind.config import CheckpointsConfig
+from traind.errors import IntegrityError
 from traind.storage.memory import MemoryBackend
 
 
@@ -88,3 +90,15 @@ async def test_a_fresh_host_with_no_checkpoint_that_verifies_starts_without_one(
     failed = [e for e in logs if e["event"] == "restore_failed"]
     assert [e["log_level"] for e in failed] == ["error"]
     assert list(out.iterdir()) == []
+
+
+async def test_the_memory_store_reports_a_missing_object_like_the_real_ones(
+    tmp_path: Path,
+) -> None:
+    """The test double keeps the download contract: a missing object is an IntegrityError."""
+    store = MemoryBackend()
+    (await commit_through_streamer(tmp_path, store, 1)).close()
+    del store.objects["checkpoint-1/shard-0.bin"]
+    (manifest,) = await store.manifests()
+    with pytest.raises(IntegrityError, match=r"checkpoint-1/shard-0\.bin: missing"):
+        await store.download(manifest, tmp_path / "dest", lambda n: None)
