@@ -151,6 +151,8 @@ class Daemon:
             await recovery.restore_if_fresh(
                 self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
             )
+        if manifests is not None:
+            manifests = await recovery.without_corrupt(self.journal, manifests)
         tracked, self._unreconciled = await recovery.recover(
             self.streamer, self.journal, manifests
         )
@@ -234,6 +236,7 @@ class Daemon:
             )
             self._reached = True
             self.observer.known(manifests)
+            manifests = await recovery.without_corrupt(self.journal, manifests)
             self._done |= writer.written_by(manifests, await self.streamer.writer())
             await recovery.reconcile(self.streamer, self.journal, manifests, self._unreconciled)
         await self.streamer.run()
@@ -333,10 +336,16 @@ class Daemon:
         )
         # Local retention must not delete it while the trainer loads it (or later).
         self._resuming = () if path is None else (path.name,)
+        # One passed over as corrupt in the store is saved again by the trainer: store it
+        # (the record goes once it is committed again).
+        if self.watcher is not None:
+            for tag, _ in await self.journal.corrupt():
+                self.watcher.reopen(tag)
         return path
 
     async def _committed(self, manifest: Manifest) -> None:
         self.observer.committed(manifest)
+        await self.journal.forget_corrupt(manifest.tag)  # stored anew over a corrupt one
         self._prune_now.set()
 
     async def _retention_loop(self) -> None:

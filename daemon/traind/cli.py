@@ -1,4 +1,5 @@
-"""The ``traind`` command line: run the daemon, check config, list, pull, push, prune."""
+"""The ``traind`` command line: run the daemon, check config, list, pull, verify, push,
+prune."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import signal
 import sqlite3
 import sys
@@ -29,7 +31,18 @@ EXAMPLES = {
     "  traind check-config -c config/s3.toml --offline   # skip the store probe",
     "list": "example:\n  traind list -c /etc/traind/traind.toml\n  traind list --json | jq '.[0]'",
     "pull": "examples:\n  traind pull latest ./restore            # → ./restore/checkpoint-N\n"
-    "  traind pull checkpoint-400 /data/out",
+    "  traind pull checkpoint-400 /data/out\n\n"
+    "'latest' passes over a corrupt newest checkpoint to the newest that verifies, and\n"
+    "says so on stderr; a named TAG that does not verify is refused (exit status 1).",
+    "verify": "examples:\n  traind verify                           # every checkpoint (as --all)\n"
+    "  traind verify checkpoint-400\n  traind verify latest\n\n"
+    "Each file is read back through the store's normal download into a scratch file in\n"
+    "run.state_dir (else $TMPDIR), removed once hashed: it needs free space for the\n"
+    "largest file only. Exit status: 0 when everything matches, 1 when any file is\n"
+    "missing or differs (or the store cannot be read).\n\n"
+    "Where run.state_dir holds a journal, what is found is recorded there: a checkpoint\n"
+    "found corrupt is passed over by restores without being downloaded, and one that\n"
+    "verifies again (repaired in the store) is restored again.",
     "push": "example:\n  traind push /data/out/checkpoint-400",
     "prune": "examples:\n  traind prune --dry-run                  # show what would go, and why\n"
     "  traind prune",
@@ -98,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     pull = add("pull", "Restore a committed checkpoint into DIR/<tag>, verified.")
     pull.add_argument("tag", metavar="TAG", help="a tag such as checkpoint-400, or 'latest'")
     pull.add_argument("dir", metavar="DIR", type=Path, help="parent directory to restore into")
+    verify = add("verify", "Check the store against the manifests: every file's size and sha256.")
+    which = verify.add_mutually_exclusive_group()
+    which.add_argument("tag", metavar="TAG", nargs="?",
+                       help="a tag such as checkpoint-400, or 'latest' (default: all)")
+    which.add_argument("--all", action="store_true", help="every committed checkpoint")
     push = add("push", "Commit one checkpoint directory to the store by hand.")
     push.add_argument("dir", metavar="DIR", type=Path, help="the checkpoint-N directory")
     push.add_argument("--tag", help="tag to store it under (default: the directory name)")
@@ -273,20 +291,86 @@ def _age(seconds: float) -> str:
 
 
 async def _pull(args: argparse.Namespace) -> int:
-    from traind.checkpoints.restore import find, restore
+    from traind.checkpoints.manifest import Manifest
+    from traind.checkpoints.restore import find, restore, restore_newest
+    from traind.errors import IntegrityError
     from traind.progress import Progress, shown
     from traind.storage.factory import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
+
+    async def attempt(manifest: Manifest) -> Path:
+        async with shown(Progress(manifest.total_bytes), f"pull {manifest.tag}") as progress:
+            return await restore(storage, manifest, args.dir, progress)
+
     try:
         manifest = await find(storage, args.tag)
-        async with shown(Progress(manifest.total_bytes), f"pull {manifest.tag}") as progress:
-            dest = await restore(storage, manifest, args.dir, progress)
+        if args.tag != "latest":
+            dest = await attempt(manifest)
+        else:
+            manifests = await storage.manifests()
+            restored = await restore_newest(storage, manifests, args.dir, None, attempt)
+            if restored is None:
+                raise IntegrityError(
+                    f"no committed checkpoint in {storage.describe} verifies "
+                    f"({len(manifests)} tried; see traind verify --all)"
+                )
+            if restored.tag != manifest.tag:
+                print(f"traind: {manifest.tag} (latest) is corrupt in the store; pulled "
+                      f"{restored.tag}, the newest that verifies", file=sys.stderr)
+            dest = args.dir / restored.tag
     finally:
         await storage.aclose()
     print(dest)
     return 0
+
+
+async def _verify(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from traind.checkpoints.check import check, remember
+    from traind.checkpoints.identity import RunIdentity
+    from traind.checkpoints.journal import Journal
+    from traind.checkpoints.restore import find
+    from traind.storage.factory import open_storage
+    from traind.units import format_size
+
+    settings = _settings(args)
+    storage = open_storage(settings.storage, settings.run.name)
+    scratch, journal = settings.run.state_dir, None
+    if not (scratch.is_dir() and os.access(scratch, os.W_OK)):  # not this host's, or not ours
+        scratch = Path(tempfile.gettempdir())
+    elif (scratch / "journal.sqlite3").is_file():
+        journal = Journal.in_state_dir(scratch, RunIdentity.of(settings, storage))
+    try:
+        if args.tag is None:
+            manifests = sorted(await storage.manifests(), key=lambda m: m.step)
+        else:
+            manifests = [await find(storage, args.tag)]
+        bad = 0
+        for manifest in manifests:
+            report = await check(storage, manifest, scratch)
+            size = f"{len(manifest.files)} files, {format_size(manifest.total_bytes)}"
+            if journal is not None:
+                await remember(journal, report)
+            if report.ok:
+                print(f"{manifest.tag}: OK ({size})")
+                continue
+            bad += 1
+            print(f"{manifest.tag}: {len(report.problems)} of {len(manifest.files)} files "
+                  f"do not match ({size})")
+            for problem in report.problems:
+                print(f"  {problem}")
+    finally:
+        await storage.aclose()
+        if journal is not None:
+            journal.close()
+    if not manifests:
+        print(f"(no committed checkpoints in {storage.describe})")
+    print(f"{len(manifests)} checkpoint(s) checked in {storage.describe}: "
+          f"{len(manifests) - bad} OK, {bad} with problems")
+    return 1 if bad else 0
 
 
 async def _push(args: argparse.Namespace) -> int:
@@ -334,6 +418,7 @@ _HANDLERS: dict[str, Handler] = {
     "check-config": _check_config,
     "list": _list,
     "pull": _pull,
+    "verify": _verify,
     "push": _push,
     "prune": _prune,
     "status": _status,

@@ -15,7 +15,7 @@ import pytest
 from tests.support.daemon import write_config
 from tests.support.requires import need_module
 
-COMMANDS = ["run", "check-config", "list", "pull", "push", "prune"]
+COMMANDS = ["run", "check-config", "list", "pull", "verify", "push", "prune"]
 
 
 def traind(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

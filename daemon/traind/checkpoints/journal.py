@@ -75,6 +75,20 @@ _LEGACY = ""
 """The run of rows migrated from a journal written before runs were kept, until claimed."""
 _TABLES = ("checkpoints", "files", "resume")
 
+_CORRUPT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS corrupt (
+    run TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    manifest TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (run, tag, manifest)
+);
+"""
+"""Stored checkpoints found not to match their manifest, by tag and manifest identity:
+restores and retention pass over them until the tag is committed again (a new manifest) or
+``traind verify`` finds it whole."""
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -126,6 +140,7 @@ class Journal:
                 self._add_column("files", "mtime_ns INTEGER")
                 self._tx_fn(self._migrate)
             self._db.executescript(_SCHEMA)
+            self._db.executescript(_CORRUPT_SCHEMA)
             self._tx_fn(self._claim_legacy, staging_dir(path.parent, run))
         except BaseException:  # e.g. no space for the WAL index: see space.open_journal
             self._db.close()
@@ -398,6 +413,31 @@ class Journal:
             sql, params = sql + " AND tag = ?", (self._key, tag)
         rows = await self._run(self._query, sql, params)
         return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+    # -- corrupt checkpoints in the store --------------------------------------------------
+
+    async def record_corrupt(self, tag: str, manifest: str, reason: str) -> None:
+        """Record that the stored ``tag`` with manifest identity ``manifest`` failed
+        verification, and why."""
+        await self._write(
+            [("INSERT OR REPLACE INTO corrupt (run, tag, manifest, reason, at) "
+              "VALUES (?, ?, ?, ?, ?)", (self._key, tag, manifest, reason, time.time()))],
+        )
+
+    async def forget_corrupt(self, tag: str, manifest: str | None = None) -> None:
+        """Forget that the stored ``tag`` (with this manifest identity; any, when None) was
+        corrupt: it verifies now (repaired in the store), or was committed again."""
+        sql, params = "DELETE FROM corrupt WHERE run = ? AND tag = ?", [self._key, tag]
+        if manifest is not None:
+            sql, params = sql + " AND manifest = ?", [*params, manifest]
+        await self._write([(sql, params)])
+
+    async def corrupt(self) -> dict[tuple[str, str], str]:
+        """Every recorded corrupt checkpoint: (tag, manifest identity) → reason."""
+        rows = await self._run(
+            self._query, "SELECT tag, manifest, reason FROM corrupt WHERE run = ?", (self._key,)
+        )
+        return {(str(t), str(m)): str(r) for t, m, r in rows}
 
 
 def out_of_space(exc: sqlite3.OperationalError) -> bool:

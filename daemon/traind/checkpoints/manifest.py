@@ -158,6 +158,15 @@ def read_trainer_facts(checkpoint_dir: Path) -> TrainerFacts:
     return trainer_facts(state) if isinstance(state, dict) else TrainerFacts()
 
 
+def mismatch(entry: FileEntry, size: int, sha256: str) -> str | None:
+    """What is wrong with ``entry``'s file when it has ``size`` bytes hashing to ``sha256``."""
+    if size != entry.size:
+        return f"{entry.path}: size {size} != manifest {entry.size}"
+    if sha256 != entry.sha256:
+        return f"{entry.path}: sha256 {sha256[:12]}… != manifest {entry.sha256[:12]}…"
+    return None
+
+
 def verify(manifest: Manifest, got: Mapping[str, tuple[int, str]]) -> None:
     """Check ``got`` (path → (size, sha256)) against the manifest; raise IntegrityError."""
     problems = []
@@ -165,11 +174,8 @@ def verify(manifest: Manifest, got: Mapping[str, tuple[int, str]]) -> None:
         if entry.path not in got:
             problems.append(f"{entry.path}: missing")
             continue
-        size, sha = got[entry.path]
-        if size != entry.size:
-            problems.append(f"{entry.path}: size {size} != manifest {entry.size}")
-        elif sha != entry.sha256:
-            problems.append(f"{entry.path}: sha256 {sha[:12]}… != manifest {entry.sha256[:12]}…")
+        if problem := mismatch(entry, *got[entry.path]):
+            problems.append(problem)
     if problems:
         raise IntegrityError(
             f"checkpoint {manifest.tag} failed verification: " + "; ".join(problems)

@@ -12,7 +12,7 @@ import structlog
 
 from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.restore import newest
+from traind.checkpoints.restore import identity, newest
 from traind.checkpoints.retention import Candidate, Verdict, plan_local, plan_remote
 from traind.checkpoints.watcher import candidates
 from traind.config import RetentionConfig
@@ -43,11 +43,19 @@ async def plan(
     stored from there (or restored there) and its files are still the size and mtime they
     were snapshot with: a directory that merely shares a committed tag's name (another
     run's, or one the trainer saved again) is never deleted.
-    ``protected`` tags stay on disk (the trainer's resume point)."""
+    ``protected`` tags stay on disk (the trainer's resume point). A checkpoint recorded as
+    corrupt in the store is kept and not counted: it must not make the newest one that
+    verifies look old enough to delete."""
     manifests = await storage.manifests()
-    latest = newest(manifests)
+    corrupt = await journal.corrupt()
+    bad = [m for m in manifests if (m.tag, identity(m)) in corrupt]
+    good = [m for m in manifests if m not in bad]
+    latest = newest(good)
     best = latest.trainer.best_tag if latest else None
-    remote = plan_remote([Candidate(m.tag, m.step) for m in manifests], policy, best)
+    remote = plan_remote([Candidate(m.tag, m.step) for m in good], policy, best) + [
+        Verdict(m.tag, m.step, True, "corrupt in the store: not counted, kept for repair")
+        for m in bad
+    ]
     present = await asyncio.to_thread(candidates, output_dir, pattern)
     here = output_dir.resolve()
     committed = {

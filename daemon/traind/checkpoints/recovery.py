@@ -11,7 +11,13 @@ import structlog
 from traind.checkpoints import snapshot, writer
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
-from traind.checkpoints.restore import find, newest, restore
+from traind.checkpoints.restore import (
+    find,
+    identity,
+    restore,
+    restore_newest,
+    restore_verified,
+)
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import candidates, tag_problem
 from traind.config import CheckpointsConfig
@@ -37,17 +43,33 @@ async def restore_if_fresh(
     output_dir: Path,
     config: CheckpointsConfig,
 ) -> None:
-    """Restore the newest committed checkpoint when ``output_dir`` holds none."""
-    latest = newest(manifests)
-    if latest is None:
+    """Restore the newest committed checkpoint that verifies when ``output_dir`` holds none;
+    a corrupt one is passed over (``restore_newest``), so it never blocks the start."""
+    if not manifests:
         return
     if await asyncio.to_thread(local_checkpoints, output_dir, config):
         return
-    log.info("restore_starting", tag=latest.tag, step=latest.step, reason="fresh output_dir")
-    await restore(storage, latest, output_dir)
+
+    async def attempt(manifest: Manifest) -> Path:
+        log.info("restore_starting", tag=manifest.tag, step=manifest.step,
+                 reason="fresh output_dir")
+        return await restore(storage, manifest, output_dir)
+
+    restored = await restore_newest(storage, manifests, output_dir, journal, attempt)
+    if restored is None:
+        log.error("restore_failed", backend=storage.describe, checkpoints=len(manifests),
+                  error="no committed checkpoint in the store verifies; starting without one")
+        return
     await journal.record_committed(
-        latest.tag, latest.step, output_dir / latest.tag, storage.describe
+        restored.tag, restored.step, output_dir / restored.tag, storage.describe
     )
+
+
+async def without_corrupt(journal: Journal, manifests: list[Manifest]) -> list[Manifest]:
+    """``manifests`` less those recorded as corrupt: the trainer saving such a tag again
+    makes a checkpoint to upload, not one the store already holds."""
+    corrupt = await journal.corrupt()
+    return [m for m in manifests if (m.tag, identity(m)) not in corrupt]
 
 
 async def recover(
@@ -125,7 +147,8 @@ async def resume_point(
     disk as it was snapshot: resuming from an older one would make the trainer save the
     waiting ones again, over the files their snapshots share, and a directory saved again
     since (perhaps torn by a crash mid-save) is no resume point. A committed one missing
-    or changed on disk is restored from the store first.
+    or changed on disk is restored from the store first; corrupt there too, the next
+    older one is tried.
     """
     for entry in reversed(await journal.entries("committed", "ready", "conflict")):
         if tag_problem(entry.tag) is not None:
@@ -137,7 +160,9 @@ async def resume_point(
         if entry.state == "committed":
             log.info("restore_starting", tag=entry.tag, step=entry.step, reason=reason)
             await asyncio.to_thread(shutil.rmtree, path, True)
-            await restore(storage, await find(storage, entry.tag), output_dir)
+            manifest = await find(storage, entry.tag)
+            if await restore_verified(storage, manifest, output_dir, journal) is None:
+                continue  # corrupt in the store too: an older one
             await journal.record_committed(entry.tag, entry.step, path, storage.describe)
             return path
     return None

@@ -11,16 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
 
+from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest, verify
-from traind.errors import NotFoundError, StorageError
+from traind.errors import IntegrityError, NotFoundError, StorageError
 from traind.progress import Progress
 from traind.storage.base import Storage
 from traind.storage.fileio import fsync_dir
@@ -44,6 +47,56 @@ async def find(storage: Storage, tag: str) -> Manifest:
         have = ", ".join(sorted(m.tag for m in manifests)) or "none"
         raise NotFoundError(f"no committed checkpoint {tag!r} in {storage.describe} (have: {have})")
     return found
+
+
+def identity(manifest: Manifest) -> str:
+    """Tells one stored manifest of a tag from another (the tag committed again): a
+    checkpoint recorded as corrupt is tried again once its manifest changes."""
+    return hashlib.sha256(manifest.to_json()).hexdigest()
+
+
+async def restore_verified(
+    storage: Storage,
+    manifest: Manifest,
+    parent: Path,
+    journal: Journal | None,
+    attempt: Callable[[Manifest], Awaitable[Path]] | None = None,
+) -> Path | None:
+    """Restore ``manifest`` as ``parent/<tag>`` (by ``attempt``, default ``restore``); None
+    when it is corrupt: recorded so in ``journal`` before (not downloaded again), or found so
+    now (logged as an error and recorded). Any other failure is raised: a store that is down
+    says nothing about the checkpoint."""
+    key = (manifest.tag, identity(manifest))
+    known = await journal.corrupt() if journal is not None else {}
+    if key in known:
+        log.warning("restore_skipped_corrupt", tag=manifest.tag, step=manifest.step,
+                    error=known[key], backend=storage.describe)
+        return None
+    try:
+        return await (attempt or (lambda m: restore(storage, m, parent)))(manifest)
+    except IntegrityError as exc:
+        log.error("checkpoint_corrupt", tag=manifest.tag, step=manifest.step,
+                  backend=storage.describe, error=str(exc),
+                  hint="not used; an older checkpoint is tried (traind verify --all checks "
+                       "the whole store)")
+        if journal is not None:
+            await journal.record_corrupt(*key, str(exc))
+        return None
+
+
+async def restore_newest(
+    storage: Storage,
+    manifests: list[Manifest],
+    parent: Path,
+    journal: Journal | None,
+    attempt: Callable[[Manifest], Awaitable[Path]] | None = None,
+) -> Manifest | None:
+    """Restore the newest of ``manifests`` that verifies (``restore_verified``), falling
+    back past corrupt ones; the one restored, or None when none verifies."""
+    for manifest in sorted(manifests, key=lambda m: (m.step, m.created_at), reverse=True):
+        if await restore_verified(storage, manifest, parent, journal, attempt) is not None:
+            return manifest
+    return None
 
 
 async def restore(

@@ -20,6 +20,7 @@ from traind.checkpoints import snapshot, writer
 from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer, read_trainer_facts
+from traind.checkpoints.restore import identity
 from traind.checkpoints.watcher import StageResult, parse_step
 from traind.errors import ConflictError, StorageError, TraindError
 from traind.progress import Progress, shown
@@ -293,13 +294,35 @@ class Streamer:
         """Claim ``tag`` in the store, upload what is not stored yet, then write its
         manifest; raise ConflictError (journalled, logged) when it is another writer's."""
         async with self._commit_lock:
-            try:
-                return await self._commit(tag, progress)
-            except ConflictError as exc:
-                if exc.committed is not None and await self._same(tag, exc.committed):
-                    return await self._already_stored(tag, exc.committed)
-                await self._conflict(exc)
-                raise
+            replaced = False
+            while True:
+                try:
+                    return await self._commit(tag, progress)
+                except ConflictError as exc:
+                    theirs = exc.committed
+                    if theirs is not None and await self._same(tag, theirs):
+                        return await self._already_stored(tag, theirs)
+                    if theirs is not None and not replaced and await self._corrupt(theirs):
+                        await self._replace_corrupt(theirs)
+                        replaced = True
+                        continue
+                    await self._conflict(exc)
+                    raise
+
+    async def _corrupt(self, manifest: Manifest) -> bool:
+        """Whether this run found the stored ``manifest`` corrupt (a restore or ``traind
+        verify`` recorded it): the trainer's new save of that step may take its place."""
+        return (manifest.tag, identity(manifest)) in await self._journal.corrupt()
+
+    async def _replace_corrupt(self, manifest: Manifest) -> None:
+        """Delete a stored checkpoint recorded as corrupt (manifest first, its claim last),
+        so the trainer's new save of the same step is committed in its place."""
+        log.warning(
+            "checkpoint_replacing_corrupt", tag=manifest.tag, step=manifest.step,
+            writer=str(manifest.writer or manifest.host), backend=self.storage.describe,
+            reason="recorded corrupt in the store; the trainer saved this step again",
+        )
+        await self.storage.delete(manifest.tag)
 
     async def _commit(self, tag: str, progress: Progress | None) -> Manifest:
         entry = await self._journal.get(tag)

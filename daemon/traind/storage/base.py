@@ -73,7 +73,8 @@ class Storage(Protocol):
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         """Fetch every file of ``manifest`` under ``dest``; return path → sha256 of what was
-        written (computed while writing). The caller verifies and renames."""
+        written (computed while writing). The caller verifies and renames. A file missing
+        from the store raises IntegrityError (the checkpoint does not match its manifest)."""
         ...
 
     async def delete(self, tag: str) -> None:

@@ -108,8 +108,8 @@ class LocalBackend:
 
         async def one(path: str) -> None:
             async with limit:
-                _, hashes[path] = await _io(copy_hashed, src / path, dest / check_relpath(path),
-                                            advance, durable=False)
+                _, hashes[path] = await _io(_fetch_file, src / path, dest / check_relpath(path),
+                                            advance)
 
         async with task_group() as tg:
             for entry in manifest.files:
@@ -166,6 +166,17 @@ def _store_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
     result = copy_hashed(src, part, advance)
     os.replace(part, target)
     return result
+
+
+def _fetch_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
+    """Copy a stored file out for a restore; one that is not in the store fails it as
+    not matching the manifest (IntegrityError), unlike a store that cannot be read."""
+    try:
+        return copy_hashed(src, target, advance, durable=False)
+    except FileNotFoundError as exc:
+        if os.path.lexists(src):
+            raise
+        raise IntegrityError(f"{src}: missing from the store") from exc
 
 
 def _write_atomic(target: Path, data: bytes) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from traind.checkpoints.manifest import Manifest, Writer
-from traind.errors import ConflictError
+from traind.errors import ConflictError, IntegrityError
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import check_claim, check_committed
 from traind.storage.keys import check_relpath, check_tag
@@ -58,7 +58,10 @@ class MemoryBackend:
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         hashes = {}
         for entry in manifest.files:
-            data = self.objects[f"{manifest.tag}/{entry.path}"]
+            key = f"{manifest.tag}/{entry.path}"
+            if key not in self.objects:
+                raise IntegrityError(f"memory:{key}: missing from the store")
+            data = self.objects[key]
             target = dest / entry.path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)

@@ -24,7 +24,7 @@ import structlog
 
 from traind.checkpoints.manifest import Manifest, Writer, listed
 from traind.config import S3Storage
-from traind.errors import ConflictError, StorageError
+from traind.errors import ConflictError, IntegrityError, StorageError
 from traind.storage import s3_claim
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import check_committed
@@ -197,10 +197,19 @@ class S3Backend:
         pool = BufferPool(self._config.concurrency)
 
         async def one(path: str, size: int) -> None:
-            hashes[path] = await fetch_file(
-                ops, self._key(manifest.tag, path), dest / check_relpath(path), size, pool,
-                RANGE_SIZE, advance, self._bandwidth, direct,
-            )
+            key = self._key(manifest.tag, path)
+            try:
+                hashes[path] = await fetch_file(
+                    ops, key, dest / check_relpath(path), size, pool, RANGE_SIZE, advance,
+                    self._bandwidth, direct,
+                )
+            except StorageError as exc:
+                code = error_code(exc.__cause__ or exc)
+                if code not in {"NoSuchKey", "404", "NotFound"}:
+                    raise
+                raise IntegrityError(
+                    f"s3://{self._config.bucket}/{key}: missing from the store ({code})"
+                ) from exc
 
         try:
             async with task_group() as tg:

@@ -25,7 +25,7 @@ import structlog
 
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer, listed
 from traind.config import SSHStorage
-from traind.errors import ConflictError, StorageError
+from traind.errors import ConflictError, IntegrityError, StorageError, TransientStorageError
 from traind.storage import ssh_rsync
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import check_claim, check_committed
@@ -195,13 +195,27 @@ class SSHBackend:
 
         async def one(entry: FileEntry) -> None:
             async with limit:
-                _, hashes[entry.path] = await self._get(
-                    remote[entry.path], dest / entry.path, entry.size, advance)
+                try:
+                    _, hashes[entry.path] = await self._get(
+                        remote[entry.path], dest / entry.path, entry.size, advance)
+                except StorageError as exc:
+                    if isinstance(exc, TransientStorageError) or await self._exists(
+                        remote[entry.path]
+                    ):
+                        raise
+                    raise IntegrityError(
+                        f"{self._link.target.host}:{remote[entry.path]}: missing from the store"
+                    ) from exc
 
         async with task_group() as tg:
             for entry in manifest.files:
                 tg.create_task(one(entry))
         return hashes
+
+    async def _exists(self, remote: str) -> bool:
+        """Whether ``remote`` is there: a download that failed for lack of it is a file not
+        matching its manifest, not a store that failed."""
+        return await self._link.call(f"stat {remote}", lambda sftp: sftp.exists(remote))
 
     async def delete(self, tag: str) -> None:
         """Remove the manifest first, then the checkpoint's directory; missing is fine."""

@@ -10,6 +10,7 @@ from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, 
 from traind.checkpoints import pruner
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
+from traind.checkpoints.restore import identity
 from traind.config import RetentionConfig
 from traind.storage.memory import MemoryBackend
 
@@ -74,3 +75,26 @@ async def test_a_committed_directory_saved_again_is_not_deleted(tmp_path: Path) 
         journal.close()
     assert {v.tag: v.keep for v in plan.local} == {"checkpoint-2": True, "checkpoint-1": True}
     assert (out / "checkpoint-1" / "shard-1.bin").read_bytes() == b"saved again"
+
+
+async def test_a_corrupt_newest_does_not_count_towards_keep_last(tmp_path: Path) -> None:
+    """checkpoint-4 is recorded corrupt: with keep_last=1, checkpoint-3 (the newest that
+    verifies) stays in the store, and so does 4, unused but kept for repair."""
+    store = MemoryBackend()
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
+    try:
+        for step in (2, 3, 4):
+            await store.commit(Manifest(run="r", tag=f"checkpoint-{step}", step=step, files=()))
+        bad = store.manifest_by_tag["checkpoint-4"]
+        await journal.record_corrupt("checkpoint-4", identity(bad), "x: sha256 differs")
+        plan = await pruner.prune(
+            store, journal, RetentionConfig(keep_last=1), tmp_path / "out", "checkpoint-*"
+        )
+    finally:
+        journal.close()
+    assert {v.tag: (v.keep, v.reason) for v in plan.remote} == {
+        "checkpoint-4": (True, "corrupt in the store: not counted, kept for repair"),
+        "checkpoint-3": (True, "newest"),
+        "checkpoint-2": (False, "older than the last 1"),
+    }
+    assert sorted(store.manifest_by_tag) == ["checkpoint-3", "checkpoint-4"]
