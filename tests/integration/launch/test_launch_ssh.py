@@ -225,6 +225,7 @@ def test_ssh_launch_train_detach_then_down(tmp_path: Path, sshd: SSHServer, stat
     """launch over ssh starts traind on the host, which trains and commits; Ctrl-C detaches
     without stopping the run; status sees the commits; down pulls the newest committed
     checkpoint, stops traind with its trainer and releases the host."""
+    need_binary("rsync")
     need_module("trl")
     launch_toml = project(tmp_path, max_steps=8, backend_toml=ssh_backend(sshd))
     store_dir = tmp_path / "remote/store/tiny"
@@ -301,6 +302,7 @@ def test_ssh_unknown_host_key_fails_and_releases(
 def test_local_launch_follows_to_the_end_then_downs(tmp_path: Path, state: Path) -> None:
     """With the local adapter and on_finish = "down", launch follows the run until it is
     complete, then pulls the newest checkpoint and releases the machine by itself."""
+    need_binary("rsync")
     need_module("trl")
     launch_toml = project(tmp_path, max_steps=2, backend_toml='backend = "local"',
                           extra='\n[host]\non_finish = "down"\n')
