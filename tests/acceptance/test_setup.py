@@ -143,3 +143,36 @@ def test_a_missing_system_program_is_named_not_a_crash(
     )
     assert outcome in done.stdout, done.stdout[-3000:]
     assert "executable 'rsync' is not on PATH" in done.stdout
+
+
+def service_install_step(way: str) -> str:
+    """systemd/README.md's way to put the program in place: step 1 of its install block
+    ("checkout"), or the block that builds and installs a wheel ("wheel")."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "systemd/README.md").read_text(), re.S)
+    if way == "checkout":
+        return next(b for b in blocks if b.startswith("# 1.")).split("\n# 2.")[0]
+    return next(b for b in blocks if "pip wheel" in b)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("way", ["checkout", "wheel"])
+def test_service_install_steps_work_as_written(tmp_path: Path, way: str) -> None:
+    """systemd/README.md's install of the program (from a checkout, or from a wheel built in
+    one) works as written: traind and its s3 and ssh extras land in a virtualenv of their own,
+    its console script where the unit runs it (both paths moved under a temporary dir here)."""
+    if os.environ.get(INSIDE):
+        pytest.skip("already inside the README commands' own run")
+    clone = fresh_clone(tmp_path / "clone")
+    script = (service_install_step(way).replace("/opt/traind", f"{tmp_path}/opt/traind")
+              .replace("/usr/local/bin", f"{tmp_path}/bin")
+              .replace("/tmp/traind-build", f"{tmp_path}/build"))
+    (tmp_path / "bin").mkdir()
+    run(f"set -e\n{script}", clone, fresh_env(), timeout=600)
+    shutil.rmtree(clone)  # what is installed must not need the checkout any more
+    done = subprocess.run([str(tmp_path / "bin/traind"), "check-config", "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    python = tmp_path / "opt/traind/bin/python"
+    done = subprocess.run([str(python), "-c", "import aiobotocore, asyncssh, traind.cli"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
