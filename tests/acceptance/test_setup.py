@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -176,3 +177,25 @@ def test_service_install_steps_work_as_written(tmp_path: Path, way: str) -> None
     done = subprocess.run([str(python), "-c", "import aiobotocore, asyncssh, traind.cli"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_test_command_names_system_packages_it_cannot_install() -> None:
+    """Not root, the test command's set-up names the missing system packages and the apt-get
+    line that installs them, and carries on (their tests skip, or fail under CI)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        missing("setpriv (util-linux) and root, to run the set-up as another user")
+    with tempfile.TemporaryDirectory() as bin_dir:  # not under tmp_path: the user must read it
+        os.chmod(bin_dir, 0o755)
+        done = subprocess.run(
+            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c",
+             f"source {ROOT / 'tests/support/venv.sh'} && system_tools && echo carried on"],
+            cwd="/", capture_output=True, text=True, timeout=60, check=False,
+            env={**fresh_env(), "PATH": path_without("rsync", Path(bin_dir))},
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("NOT INSTALLED (system packages, needs root): rsync\n"), (
+        done.stderr
+    )
+    assert "sudo apt-get install rsync\n" in done.stderr
+    assert done.stdout.strip() == "carried on"
