@@ -129,21 +129,30 @@ def path_without(tool: str, into: Path) -> str:
     return os.pathsep.join(dirs)
 
 
+NEEDS = {
+    "rsync": "tests/integration/launch/test_launch_ssh.py"
+             "::test_local_launch_follows_to_the_end_then_downs",
+    "ssh-keygen": "tests/integration/launch/test_launch_vast.py"
+                  "::test_instance_host_key_is_trusted_on_first_use_then_pinned",
+}
+"""A system program, and a test that needs it."""
+
+
+@pytest.mark.parametrize("tool", sorted(NEEDS))
 @pytest.mark.parametrize(("ci", "outcome"), [("", "1 skipped"), ("true", "1 failed")])
 def test_a_missing_system_program_is_named_not_a_crash(
-    tmp_path: Path, ci: str, outcome: str
+    tmp_path: Path, tool: str, ci: str, outcome: str
 ) -> None:
-    """A launch test on a machine without rsync is skipped locally and fails under CI, both
-    naming the missing program, instead of failing inside the launch."""
-    test = ("tests/integration/launch/test_launch_ssh.py"
-            "::test_local_launch_follows_to_the_end_then_downs")
-    env = {**os.environ, "PATH": path_without("rsync", tmp_path / "bin"), "CI": ci, INSIDE: "1"}
+    """A test on a machine without the system program it needs (rsync for a launch, ssh-keygen
+    for an sshd) is skipped locally and fails under CI, both naming the program, instead of
+    failing somewhere inside."""
+    env = {**os.environ, "PATH": path_without(tool, tmp_path / "bin"), "CI": ci, INSIDE: "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", test, "-q", "-rs", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", NEEDS[tool], "-q", "-rs", "-p", "no:cacheprovider"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert outcome in done.stdout, done.stdout[-3000:]
-    assert "executable 'rsync' is not on PATH" in done.stdout
+    assert f"executable {tool!r} is not on PATH" in done.stdout
 
 
 def service_install_step(way: str) -> str:
