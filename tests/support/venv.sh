@@ -15,10 +15,10 @@ TRAIND_TORCH="torch==2.13.0"  # first, so nothing pulls a CUDA build on a CPU-on
 _say() { echo "== $*" >&2; }
 
 _python() {
-    # The first interpreter that is Python 3.11 or newer ($PYTHON if set; stock Debian has
-    # python3 and no python).
+    # The first interpreter that is Python 3.11 or newer: $PYTHON if set, else the usual one
+    # (stock Debian has python3 and no python).
     local candidate
-    for candidate in ${PYTHON:-} python3.13 python3.12 python3.11 python3 python; do
+    for candidate in ${PYTHON:-} python3 python python3.13 python3.12 python3.11; do
         if command -v "$candidate" >/dev/null 2>&1 \
             && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
         then
@@ -34,12 +34,12 @@ _create_venv() {
     local python
     python="$(_python)" || return 1
     _say "creating $TRAIND_VENV with $("$python" --version 2>&1)"
-    if "$python" -m venv "$TRAIND_VENV" 2>/dev/null; then
+    if "$python" -m venv "$TRAIND_VENV"; then
         return 0
     fi
     rm -rf "$TRAIND_VENV"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        _say "$python has no venv module: apt-get install python3-venv"
+        _say "no venv with $python; installing Debian's python3-venv and trying again"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
             apt-get install -y -qq --no-install-recommends python3-venv >/dev/null \
             && "$python" -m venv "$TRAIND_VENV" && return 0
