@@ -1,6 +1,6 @@
 """Set-up as a new user meets it: the README's two commands on a fresh clone with no
-environment yet, the demo's report when traind fails, and what a missing system program does
-to a test that needs it."""
+environment yet, the demo's report when traind fails, what a missing system program does to
+the set-up and to a test that needs it, and systemd/README.md's install of the program."""
 
 from __future__ import annotations
 
