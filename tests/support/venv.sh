@@ -63,12 +63,13 @@ project_venv() {
         [[ ",$had" == *",$extra,"* ]] || have=""
     done
     if [ "$want" != "$have" ]; then
-        extras="$had$extras"  # the extras installed before are refreshed with the rest
+        # The extras installed before are refreshed with the rest.
+        extras="$(tr ',' '\n' <<<"$had$extras" | sed '/^$/d' | sort -u | paste -sd, -)"
         _say "installing $TRAIND_TORCH and traind[$extras] into $TRAIND_VENV"
         "$TRAIND_VENV/bin/python" -m pip install -q --disable-pip-version-check "$TRAIND_TORCH" \
             && "$TRAIND_VENV/bin/python" -m pip install -q --disable-pip-version-check \
                 -e "$TRAIND_ROOT[$extras]" || return 1
-        { echo "$want"; tr ',' '\n' <<<"$extras" | sort -u; } > "$stamp"
+        { echo "$want"; tr ',' '\n' <<<"$extras"; } > "$stamp"
     fi
     export VIRTUAL_ENV="$TRAIND_VENV"
     export PATH="$TRAIND_VENV/bin:$PATH"
