@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One-command demo: traind starts a tiny real TRL training run on the CPU, streams each of its
 # checkpoints to a local store as it is written, exits when training is done and everything
-# is committed, and then lists the store. Installs what it needs (CPU torch first).
+# is committed, and then lists the store. Installs what it needs into the checkout's .venv
+# (CPU torch first; never the system Python); shows traind's log if the run fails.
 set -euo pipefail
-here="$(cd "$(dirname "$0")/.." && pwd)"
+source "$(dirname "$0")/../tests/support/venv.sh"
+project_venv train
+here="$TRAIND_ROOT"
 work="${DEMO_DIR:-$here/demo-run}"
-python="${PYTHON:-python3}"
-
-"$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore torch==2.13.0
-"$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore -e "$here[train]"
+python="$TRAIND_VENV/bin/python"
 
 rm -rf "$work" && mkdir -p "$work"
 work="$(cd "$work" && pwd)"  # absolute, as traind's directories must be (DEMO_DIR may be relative)
@@ -41,7 +41,11 @@ env = { HF_HUB_OFFLINE = "1", TOKENIZERS_PARALLELISM = "false" }
 TOML
 
 echo "== traind run: starts the trainer and streams its checkpoints (log: $work/traind.log)"
-traind run -c "$work/traind.toml" > "$work/traind.log" 2>&1
+if ! traind run -c "$work/traind.toml" > "$work/traind.log" 2>&1; then
+    echo "== traind run failed; the end of its log ($work/traind.log):" >&2
+    tail -n 40 "$work/traind.log" >&2
+    exit 1
+fi
 
 echo "== commit events"
 grep -h '"checkpoint_committed"' "$work/traind.log" | "$python" -c '

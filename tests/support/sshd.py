@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.net import free_port
+from tests.support.requires import missing, need_binary
 
 HOST = "127.0.0.1"
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
@@ -39,7 +40,8 @@ class KeyPair:
 def keygen(path: Path) -> KeyPair:
     """Create an ed25519 key pair at ``path`` (no passphrase) with ``ssh-keygen``."""
     subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "traind-test", "-f", str(path)],
+        [need_binary("ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", "traind-test",
+         "-f", str(path)],
         check=True, timeout=30, stdin=subprocess.DEVNULL,
     )
     return KeyPair(path, path.with_name(path.name + ".pub").read_text().strip())
@@ -87,7 +89,7 @@ class SSHServer:
             # (open, posix-rename, remove, ...) to a file: tests check their order.
             server = next((p for p in SFTP_SERVERS if Path(p).exists()), None)
             if server is None:
-                raise RuntimeError(f"sftp_log=True needs an sftp-server in {SFTP_SERVERS}")
+                missing(f"no sftp-server (Debian openssh-sftp-server) in {SFTP_SERVERS}")
             log = shlex.quote(str(self.sftp_log))
             sftp = f"{server}{read_only} -e -l INFO 2>>{log}"
         config = self.root / "sshd_config"

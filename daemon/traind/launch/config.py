@@ -24,14 +24,9 @@ from pydantic import (
 from traind.config import Section, read_toml
 from traind.errors import ConfigError
 from traind.launch.base import Constraints
+from traind.launch.packages import traind_requirements
 from traind.storage.keys import check_component
 from traind.units import Duration
-
-DEFAULT_REQUIREMENTS = (
-    "pydantic>=2.7", "pydantic-settings>=2.4", "structlog>=24.1", "watchfiles>=0.21",
-    "aiohttp>=3.9",
-)
-"""What traind needs on the host (its own code is shipped, not installed from an index)."""
 
 
 def _local_path(value: Path, info: ValidationInfo) -> Path:
@@ -103,10 +98,22 @@ class InstallSection(Section):
 
     python: str = "python3"
     venv: bool = True
-    requirements: tuple[str, ...] = DEFAULT_REQUIREMENTS
+    extras: tuple[str, ...] = ("s3", "ssh")
+    requirements: tuple[str, ...] = ()
     service: Literal["auto", "systemd", "nohup"] = "auto"
     stop_timeout: Duration = 90.0
     step_timeout: Duration = 900.0
+
+    @model_validator(mode="after")
+    def _known_extras(self) -> InstallSection:
+        if self.venv:
+            self.packages()
+        return self
+
+    def packages(self) -> list[str]:
+        """What pip installs into the venv: traind's own requirements and its ``extras``'
+        (from its package metadata), then ``requirements`` (the run's own)."""
+        return [*traind_requirements(self.extras), *self.requirements]
 
 
 class PullSection(Section):
@@ -176,7 +183,7 @@ class LaunchConfig(Section):
     run: RunSection
     constraints: ConstraintsSection = ConstraintsSection()
     host: HostSection = HostSection()
-    install: InstallSection = InstallSection()
+    install: InstallSection = Field(default_factory=InstallSection)  # checked when loaded
     pull: PullSection = PullSection()
     vast: VastSection = VastSection()
     ssh: SSHSection = SSHSection()

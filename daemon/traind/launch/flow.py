@@ -142,7 +142,7 @@ async def _bring_up(ctx: Context, record: LaunchRecord) -> LaunchRecord:
     async with step("install", name, venv=cfg.install.venv) as facts:
         python = await run_for_line(
             ctx, handle, service.install_python(where, cfg.install.python, cfg.install.venv,
-                                                cfg.install.requirements), "installing python"
+                                                cfg.install.packages()), "installing python"
         )
         await run_checked(ctx, handle, service.check_config(where, python),
                           "traind check-config on the host", env=where.env(cfg.run.env))

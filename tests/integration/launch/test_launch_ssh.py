@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.requires import need_binary, need_module
+from tests.support.requires import missing, need_binary, need_module
 from tests.support.sshd import SSHServer, keygen
 from tests.support.tiny_train import QUIET_ENV, train_command
 
@@ -225,6 +225,7 @@ def test_ssh_launch_train_detach_then_down(tmp_path: Path, sshd: SSHServer, stat
     """launch over ssh starts traind on the host, which trains and commits; Ctrl-C detaches
     without stopping the run; status sees the commits; down pulls the newest committed
     checkpoint, stops traind with its trainer and releases the host."""
+    need_binary("rsync")
     need_module("trl")
     launch_toml = project(tmp_path, max_steps=8, backend_toml=ssh_backend(sshd))
     store_dir = tmp_path / "remote/store/tiny"
@@ -301,6 +302,7 @@ def test_ssh_unknown_host_key_fails_and_releases(
 def test_local_launch_follows_to_the_end_then_downs(tmp_path: Path, state: Path) -> None:
     """With the local adapter and on_finish = "down", launch follows the run until it is
     complete, then pulls the newest checkpoint and releases the machine by itself."""
+    need_binary("rsync")
     need_module("trl")
     launch_toml = project(tmp_path, max_steps=2, backend_toml='backend = "local"',
                           extra='\n[host]\non_finish = "down"\n')
@@ -317,4 +319,44 @@ def test_local_launch_follows_to_the_end_then_downs(tmp_path: Path, state: Path)
         assert LaunchStore().claims() == {}
     finally:
         launcher.kill()
+        kill_traind(tmp_path / "remote")
+
+
+@pytest.mark.timeout(660)
+def test_local_launch_installs_traind_into_a_fresh_venv(tmp_path: Path, state: Path) -> None:
+    """With venv = true (the example's setting) and a host Python that has none of traind's
+    dependencies, launch creates the venv, installs traind's requirements (read from its
+    package metadata) into it, and traind runs from there until down."""
+    need_binary("rsync")
+    host_python = "/usr/bin/python3"  # stock Debian's: no pydantic, aiohttp, prometheus-client
+    probe = "import ensurepip, venv, sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)"
+    if subprocess.run([host_python, "-c", probe], capture_output=True, timeout=30,
+                      check=False).returncode:
+        missing(f"{host_python} (3.11+, with venv and ensurepip: Debian python3-venv)")
+    bare = subprocess.run([host_python, "-c", "import prometheus_client"], capture_output=True,
+                          timeout=30, check=False)
+    assert bare.returncode != 0, f"{host_python} has traind's dependencies: proves nothing"
+    launch_toml = project(tmp_path, max_steps=1, backend_toml='backend = "local"')
+    launch_toml.write_text(
+        launch_toml.read_text()
+        .replace(f'python = "{sys.executable}"\nvenv = false', f'python = "{host_python}"')
+        .replace('step_timeout = "90s"', 'step_timeout = "400s"')
+    )
+    cfg = load(launch_toml)
+    store = LaunchStore()
+    ctx = flow.Context(cfg, open_backend(cfg, store), store)
+
+    async def up_then_down() -> tuple[str, bool]:
+        async with asyncio.timeout(600):
+            record = await flow.launch(ctx, launch_toml)
+            running = await flow.service_active(ctx, record)
+            await manage.down(ctx, record, pull_first=False)
+            return record.python, running
+
+    try:
+        python, running = asyncio.run(up_then_down())
+        assert running
+        assert python.endswith("/launches/tiny/venv/bin/python")
+        assert store.names() == []
+    finally:
         kill_traind(tmp_path / "remote")
