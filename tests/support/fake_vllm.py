@@ -239,11 +239,28 @@ class ApiServer:
                 return _error(500, "EngineCore encountered an issue.", "EngineDeadError")
             body = await request.json()
             tokens = int(body.get("max_tokens") or 16)
-            await e.generate(tokens)
-            choice = {"index": 0, "text": "x" * tokens, "finish_reason": "length"}
+            prompts = body.get("prompt", [""])
+            prompts = prompts if isinstance(prompts, list) else [prompts]
+            n = int(body.get("n") or 1)
+            await asyncio.gather(*(e.generate(tokens) for _ in range(len(prompts) * n)))
+            choices = [_choice(i, prompt, tokens, body.get("logprobs"))
+                       for i, prompt in enumerate(p for p in prompts for _ in range(n))]
             return web.json_response({"object": "text_completion", "model": e.model,
-                                      "choices": [choice]})
+                                      "choices": choices})
         return web.json_response({"status": "ok"})
+
+
+def _choice(index: int, prompt: Any, tokens: int, logprobs: int | None) -> dict[str, Any]:
+    """One completion choice as vLLM returns it with ``return_token_ids``: token 7 repeated."""
+    ids = prompt if isinstance(prompt, list) else [1] * max(1, len(str(prompt)) // 4)
+    choice: dict[str, Any] = {"index": index, "text": " x" * tokens, "finish_reason": "length",
+                              "prompt_token_ids": ids, "token_ids": [7] * tokens,
+                              "logprobs": None}
+    if logprobs is not None:
+        choice["logprobs"] = {"tokens": ["token_id:7"] * tokens,
+                              "token_logprobs": [-0.5] * tokens,
+                              "top_logprobs": [{"token_id:7": -0.5}] * tokens}
+    return choice
 
 
 def _error(status: int, message: str, kind: str) -> Any:
