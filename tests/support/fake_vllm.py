@@ -20,18 +20,27 @@ follows, per file of vLLM main (frontend layout; ``vllm/entrypoints/serve/...`` 
   ``vllm:num_requests_waiting``, ``vllm:generation_tokens_total``, ...).
 - The engine core runs in a child named ``VLLM::EngineCore`` (prctl; vLLM uses setproctitle)
   that outlives a SIGKILLed API server (vllm#55510); the API server exits 0 after its engine
-  died (vllm#48966); an engine stuck in its busy loop leaves ``/health`` at 200 while no token
-  is generated (vllm#39863).
+  died; an engine stuck in its busy loop leaves ``/health`` at 200 while no token is generated
+  (vllm#39863).
+- ``frontend/entrypoints/launchers/launcher.py``: ``watchdog_loop`` ends the HTTP server within
+  5 s of the engine's death, and the process exits 0 (vllm#48966), unless
+  ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``, which keeps it answering 503. (vLLM 0.31's
+  ``vllm/utils/network_utils.py`` binds with SO_REUSEPORT always; later versions only with
+  several API servers.)
 
 Run as ``python fake_vllm.py serve MODEL --host H --port P [vLLM flags]``; vLLM flags it does
-not model are accepted and ignored. Knobs for tests are ``--fake-*`` flags (times count from
-the moment it serves): ``--fake-load S`` (bound, not listening), ``--fake-warmup S`` (503
-while listening), ``--fake-engine-dies-after S``, ``--fake-exit-after-engine-death S``,
-``--fake-crash-after S`` (API server exits 1), ``--fake-unresponsive-after S`` (stops
-answering), ``--fake-stall-after S`` (engine stops stepping), ``--fake-requests N`` (requests
-kept in flight), ``--fake-ignore-sigterm``, ``--fake-grandchild PIDFILE`` (a setsid
-grandchild), ``--fake-pid-file FILE`` (``api PID`` / ``engine PID`` lines) and
-``--fake-request-log FILE`` (one ``METHOD PATH`` line per dev-mode call).
+not model are accepted and ignored. Test knobs are ``--fake-*`` flags, times counted from the
+moment it serves:
+
+- ``--fake-load S``: bound, not listening, for S seconds (the model loads);
+- ``--fake-warmup S``: 503 while listening (for versions or proxies that do that; vLLM's
+  health router itself has no warm-up state);
+- ``--fake-engine-dies-after S``, ``--fake-stall-after S`` (the engine stops stepping),
+  ``--fake-requests N`` (requests kept in flight);
+- ``--fake-crash-after S`` (the API server exits 1), ``--fake-unresponsive-after S`` (it stops
+  answering), ``--fake-ignore-sigterm``, ``--fake-grandchild PIDFILE`` (a setsid grandchild);
+- ``--fake-pid-file FILE`` (``api PID`` and ``engine PID`` lines), ``--fake-request-log FILE``
+  (one ``METHOD PATH`` line per dev-mode call).
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ SCRIPT = Path(__file__).resolve()
 ENGINE_NAME = "VLLM::EngineCore"
 STEP = 0.02
 """Seconds per engine step: every running request gets one token per step."""
+WATCHDOG = 5.0
+"""vLLM's ``VLLM_WATCHDOG_TIME_S``: how often the API server checks for a dead engine."""
 PR_SET_NAME = 15
 
 GRANDCHILD = """
@@ -315,23 +326,25 @@ async def serve(a: argparse.Namespace, sock: socket.socket, ours: socket.socket,
     print(f"INFO Starting vLLM server on http://{a.host}:{a.port}", flush=True)
     if a.fake_crash_after is not None:
         loop.call_later(a.fake_crash_after, os._exit, 1)
-    code = await _until_done(a, reader, engine, stop)
+    code = await _until_done(api, reader, engine, stop)
     if not engine.dead:
         child.terminate()
     await runner.cleanup()
     return code
 
 
-async def _until_done(a: argparse.Namespace, reader: asyncio.StreamReader, engine: Engine,
+async def _until_done(api: ApiServer, reader: asyncio.StreamReader, engine: Engine,
                       stop: asyncio.Event) -> int:
     async def steps() -> None:
         while await reader.readline():
             engine.step()
         engine.dead = True
         print("ERROR AsyncLLM output_handler failed. EngineDeadError", flush=True)
-        if a.fake_exit_after_engine_death is not None:
-            await asyncio.sleep(a.fake_exit_after_engine_death)
-            print("INFO Shutting down FastAPI HTTP server.", flush=True)
+        if os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") in ("", "0"):
+            # launcher.watchdog_loop: every WATCHDOG seconds, an errored engine ends the
+            # server, and the process exits 0 (vllm#48966)
+            await asyncio.sleep(WATCHDOG - api.since_serving() % WATCHDOG)
+            print("INFO [shutdown] API server: shutting down FastAPI HTTP server", flush=True)
             os._exit(0)
         await asyncio.Event().wait()
 
@@ -359,7 +372,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-load", type=float, default=0.0)
     p.add_argument("--fake-warmup", type=float, default=0.0)
     p.add_argument("--fake-engine-dies-after", type=float)
-    p.add_argument("--fake-exit-after-engine-death", type=float)
     p.add_argument("--fake-crash-after", type=float)
     p.add_argument("--fake-unresponsive-after", type=float)
     p.add_argument("--fake-stall-after", type=float)

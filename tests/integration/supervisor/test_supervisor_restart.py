@@ -32,16 +32,21 @@ def _subreaper() -> None:
     become_subreaper()
 
 
-def vllm_config(port: int, *flags: str, **restart: float) -> VLLMConfig:
+def vllm_config(port: int, *flags: str, env: dict[str, str] | None = None,
+                failures: int = 2, **restart: float) -> VLLMConfig:
     return VLLMConfig.model_validate({
         "command": command(port, "--fake-load", "0.2", *flags),
+        "env": env or {},
         "health": {"url": f"http://127.0.0.1:{port}/health", "interval": 0.05, "timeout": 0.2,
-                   "successes": 2, "failures": 2, "ready_timeout": 15},
+                   "successes": 2, "failures": failures, "ready_timeout": 15},
         "restart": {"backoff_initial": 0.1, "backoff_max": 0.2, "max_restarts": 5,
                     "window": 60, "stable_after": 60, **restart},
         "stop_grace": 1,
         "release_timeout": 2,
     })
+
+
+KEEP_ALIVE = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
 
 
 class Recorder:
@@ -59,23 +64,25 @@ class Recorder:
 
 
 @pytest.mark.parametrize(
-    ("flags", "reason"),
+    ("flags", "env", "failures", "reason"),
     [
-        (("--fake-crash-after", "0.4"), "exited"),
-        (("--fake-engine-dies-after", "0.4", "--fake-exit-after-engine-death", "0"), "exited"),
-        (("--fake-engine-dies-after", "0.4"), "unhealthy"),
-        (("--fake-unresponsive-after", "0.4"), "unhealthy"),
+        (("--fake-crash-after", "0.4"), {}, 2, "exited"),
+        (("--fake-engine-dies-after", "0.4"), {}, 400, "exited"),
+        (("--fake-engine-dies-after", "0.4"), KEEP_ALIVE, 2, "unhealthy"),
+        (("--fake-unresponsive-after", "0.4"), {}, 2, "unhealthy"),
     ],
     ids=["api-crash", "engine-dead-exit-0", "engine-dead-503", "unresponsive"],
 )
 async def test_failure_restarts_cleanly(tmp_path: Path, flags: tuple[str, ...],
+                                        env: dict[str, str], failures: int,
                                         reason: str) -> None:
-    """An API server crash, an exit 0 after the engine died, a dead engine's 503 and a server
-    that stops answering each lead to BACKOFF, a restart, and no survivors (engine included)."""
+    """An API server crash, the exit 0 that follows an engine's death (vLLM's watchdog), a
+    dead engine's 503 (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1) and a server that stops answering
+    each lead to BACKOFF, a restart, and no survivors (engine included)."""
     port, pidfile, pids = free_port(), tmp_path / "grandchildren", tmp_path / "pids"
     rec = Recorder()
     config = vllm_config(port, *flags, "--fake-grandchild", str(pidfile),
-                         "--fake-pid-file", str(pids))
+                         "--fake-pid-file", str(pids), env=env, failures=failures)
     runner = VLLMRunner(config, log_dir=tmp_path, on_change=rec, jitter=lambda: 0.5)
     with capture_logs() as logs:
         task = asyncio.create_task(runner.run())
