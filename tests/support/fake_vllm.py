@@ -83,6 +83,8 @@ PUBLIC = {
     "/v1/completions": ("POST",), "/v1/chat/completions": ("POST",),
     "/tokenize": ("POST",), "/detokenize": ("POST",),
 }
+SCALE_OUT = {"/v1/chat/completions/render": ("POST",), "/inference/v1/generate": ("POST",)}
+"""Registered with ``--enable-scale-out`` (vLLM 0.30+; ``trl vllm-serve`` passes it there)."""
 DEV = {
     "/server_info": ("GET",), "/reset_prefix_cache": ("POST",), "/reset_mm_cache": ("POST",),
     "/sleep": ("POST",), "/wake_up": ("POST",), "/is_sleeping": ("GET",),
@@ -196,7 +198,8 @@ class ApiServer:
         self.a = a
         self.engine = engine
         self.dev = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
-        self.routes = PUBLIC | (DEV if self.dev else {})
+        scale_out = SCALE_OUT if a.enable_scale_out else {}
+        self.routes = PUBLIC | scale_out | (DEV if self.dev else {})
         self.serving_at = 0.0
         self.weight_transfer = json.loads(a.weight_transfer_config or "null")
 
@@ -369,6 +372,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--weight-transfer-config")
+    p.add_argument("--enable-scale-out", action="store_true")
     p.add_argument("--fake-load", type=float, default=0.0)
     p.add_argument("--fake-warmup", type=float, default=0.0)
     p.add_argument("--fake-engine-dies-after", type=float)
@@ -408,6 +412,39 @@ def command(port: int, *flags: str, model: str = "Qwen/Qwen2.5-0.5B") -> tuple[s
     """The argv that runs this stand-in as ``vllm serve MODEL --host 127.0.0.1 --port P``."""
     return (sys.executable, str(SCRIPT), "serve", model, "--host", "127.0.0.1",
             "--port", str(port), *flags)
+
+
+SHIM_MAIN = """
+import runpy, sys
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def install_as_vllm(root: Path) -> dict[str, str]:
+    """Make the stand-in launchable the ways vLLM is: a ``vllm`` executable (``vllm serve``)
+    and a ``vllm`` package whose ``python -m vllm.entrypoints.cli.main`` runs it, with
+    version 0.31.0 metadata (what ``trl vllm-serve`` checks and execs). Returns the PATH and
+    PYTHONPATH that find them."""
+    bin_dir, lib = root / "bin", root / "lib"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / "vllm"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SCRIPT}" "$@"\n')
+    exe.chmod(0o755)
+    cli = lib / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True, exist_ok=True)
+    for package in (lib / "vllm", lib / "vllm" / "entrypoints", cli):
+        (package / "__init__.py").write_text("")
+    (lib / "vllm" / "__init__.py").write_text('__version__ = "0.31.0"\n')
+    (cli / "main.py").write_text(SHIM_MAIN.format(script=str(SCRIPT)))
+    info = lib / "vllm-0.31.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n")
+    (info / "top_level.txt").write_text("vllm\n")
+    path = os.environ.get("PATH", "")
+    python_path = os.environ.get("PYTHONPATH", "")
+    return {"PATH": f"{bin_dir}:{path}",
+            "PYTHONPATH": f"{lib}:{python_path}" if python_path else str(lib)}
 
 
 def engine_pids(path: Path) -> list[int]:

@@ -1,6 +1,7 @@
-"""config/grpo.toml as shipped, with only paths, ports and commands changed: the vLLM stand-in
-in [vllm] (run as its `vllm serve` command), a real tiny TRL run as the trainer, S3 storage on
-SeaweedFS. A trainer crash restarts vLLM first and resumes once it is ready again."""
+"""config/grpo.toml as shipped, with only paths, ports and commands changed: its `vllm serve`
+command left as it is and served by the vLLM stand-in (a `vllm` executable on PATH), a real
+tiny TRL run as the trainer, S3 storage on SeaweedFS. A trainer crash restarts vLLM first and
+resumes once it is ready again."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import sys
 from pathlib import Path
 
 from tests.support.daemon import DaemonProcess
-from tests.support.fake_vllm import SCRIPT
 from tests.support.fake_vllm import command as fake_command
+from tests.support.fake_vllm import install_as_vllm
 from tests.support.net import free_ports
 from tests.support.requires import need_binary, need_module
 from tests.support.seaweed import ACCESS_KEY, SECRET_KEY, running_seaweed
@@ -30,7 +31,8 @@ def sub(pattern: str, replacement: str, text: str) -> str:
 
 
 def example(tmp_path: Path, ports: list[int], trainer: list[str]) -> str:
-    """grpo.toml with its paths, ports and commands pointed at this test's."""
+    """grpo.toml with its paths, ports and the service and trainer commands pointed at this
+    test's; [vllm] keeps its command, only its port changes."""
     status, service, vllm = ports
     text = EXAMPLE.read_text()
     text = sub(r'^output_dir = "/data/grpo-qwen/out"', f'output_dir = "{tmp_path}/out"', text)
@@ -39,9 +41,6 @@ def example(tmp_path: Path, ports: list[int], trainer: list[str]) -> str:
     text = sub(r'^command = \["python", "-m", "envserver", "--port", "9000"\]',
                f"command = {json.dumps(list(fake_command(service)))}", text)
     text = sub(r"127\.0\.0\.1:9000/health", f"127.0.0.1:{service}/health", text)
-    text = sub(r'^command = \["vllm", "serve",',
-               f'command = [{json.dumps(sys.executable)}, {json.dumps(str(SCRIPT))}, "serve",',
-               text)
     text = sub(r'"--port", "8001",', f'"--port", "{vllm}",', text)
     text = sub(r"127\.0\.0\.1:8001/health", f"127.0.0.1:{vllm}/health", text)
     text = sub(r'^command = \["accelerate", .*\]$', f"command = {json.dumps(trainer)}", text)
@@ -62,7 +61,8 @@ def test_grpo_example_with_stand_in_and_trainer_crash(tmp_path: Path) -> None:
     cfg.write_text(example(tmp_path, free_ports(3), trainer))
     with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
         server.create_bucket("my-checkpoints")
-        env = {**QUIET_ENV, "TRAIND_STORAGE__ENDPOINT_URL": server.endpoint,
+        env = {**QUIET_ENV, "PATH": install_as_vllm(tmp_path / "vllm")["PATH"],
+               "TRAIND_STORAGE__ENDPOINT_URL": server.endpoint,
                "TRAIND_STORAGE__ADDRESSING_STYLE": "path",
                "TRAIND_STORAGE__ACCESS_KEY_ID": ACCESS_KEY,
                "TRAIND_STORAGE__SECRET_ACCESS_KEY": SECRET_KEY}
@@ -85,6 +85,7 @@ def test_grpo_example_with_stand_in_and_trainer_crash(tmp_path: Path) -> None:
     env_ready, vllm_ready = at("health_ready", "env-server"), at("health_ready", "vllm")
     trainer_started = at("child_started", "trainer")
     assert len(at("child_started", "vllm")) == 2
+    assert ev[at("child_started", "vllm")[0]]["argv"][:2] == ["vllm", "serve"]
     assert len(trainer_started) == 2
     assert env_ready[0] < vllm_ready[0] < trainer_started[0]
     assert vllm_ready[1] < trainer_started[1]  # resumed only once vLLM was ready again

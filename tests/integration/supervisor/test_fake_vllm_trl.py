@@ -4,19 +4,23 @@ builds (run as vLLM's CLI would run it) and the routes TRL's VLLMClient calls.""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.fake_vllm import SCRIPT
+from tests.support.fake_vllm import SCRIPT, install_as_vllm
 from tests.support.net import free_port
 from tests.support.requires import need_module
+from yarl import URL
 
-from traind.config import ChildConfig
+from traind.config import ChildConfig, VLLMConfig
+from traind.supervisor.health import fetch_text, server_kind
 from traind.supervisor.policy import Role
 from traind.supervisor.process import ManagedProcess
+from traind.supervisor.vllm import VLLMRunner
 
 Serve = Callable[[bool], Awaitable[int]]
 
@@ -108,3 +112,37 @@ async def test_without_dev_mode_trl_names_the_missing_setting(
 
     async with asyncio.timeout(60):
         assert "development endpoints" in await asyncio.to_thread(session)
+
+
+async def test_trl_vllm_serve_under_traind(tmp_path: Path) -> None:
+    """`trl vllm-serve` itself as the [vllm] command: TRL's CLI execs vLLM's (here the
+    stand-in, installed as the vllm package) in dev mode with the NCCL weight-transfer
+    config and --enable-scale-out; traind sees it ready on /health and as vLLM's server."""
+    need_module("trl")
+    port = free_port()
+    shim = install_as_vllm(tmp_path / "vllm")
+    config = VLLMConfig.model_validate({
+        "command": ["trl", "vllm-serve", "--model", "Qwen/Qwen2.5-0.5B", "--host", "127.0.0.1",
+                    "--port", str(port)],
+        "env": {"PYTHONPATH": shim["PYTHONPATH"]},
+        "health": {"url": f"http://127.0.0.1:{port}/health", "interval": 0.1,
+                   "successes": 2, "ready_timeout": 60},
+        "stop_grace": 2,
+    })
+    runner = VLLMRunner(config, log_dir=tmp_path)
+    task = asyncio.create_task(runner.run())
+    root = URL(f"http://127.0.0.1:{port}")
+    try:
+        async with asyncio.timeout(90):
+            await runner.wait_ready()
+            assert await server_kind(str(root / "health"), 5) == "vllm"
+            info = await fetch_text(root / "server_info", 5)
+            render = await fetch_text(root / "v1/chat/completions/render/", 5)
+    finally:
+        task.cancel()
+        async with asyncio.timeout(20):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    assert info is not None
+    assert json.loads(info[1])["vllm_config"]["weight_transfer_config"] == {"backend": "nccl"}
+    assert render == (307, "")  # the route exists (scale-out): FastAPI redirects the slash
