@@ -40,7 +40,8 @@ moment it serves:
 - ``--fake-crash-after S`` (the API server exits 1), ``--fake-unresponsive-after S`` (it stops
   answering), ``--fake-ignore-sigterm``, ``--fake-grandchild PIDFILE`` (a setsid grandchild);
 - ``--fake-pid-file FILE`` (``api PID`` and ``engine PID`` lines), ``--fake-request-log FILE``
-  (one ``METHOD PATH`` line per dev-mode call).
+  (one ``METHOD PATH`` line per dev-mode call);
+- ``--fake-old-trl``: the older ``trl vllm-serve`` server's routes instead (see OLD_TRL).
 """
 
 from __future__ import annotations
@@ -94,6 +95,16 @@ DEV = {
     "/update_weights": ("POST",), "/finish_weight_update": ("POST",),
     "/update_weight_version": ("POST",), "/weight_info": ("GET",), "/get_world_size": ("GET",),
 }
+
+
+OLD_TRL = {
+    "/health/": ("GET",), "/get_world_size/": ("GET",), "/generate/": ("POST",),
+    "/init_communicator/": ("POST",), "/update_named_param/": ("POST",),
+    "/reset_prefix_cache/": ("POST",), "/close_communicator/": ("POST",),
+}
+"""``--fake-old-trl``: the FastAPI server older TRL releases ran as ``trl vllm-serve``
+(``trl/scripts/vllm_serve.py`` before it execs vLLM's): trailing-slash routes, no
+``/v1/models`` or ``/metrics``, and ``/close_communicator/`` to drop the weight-sync group."""
 
 
 def set_process_name(name: str) -> None:
@@ -199,7 +210,8 @@ class ApiServer:
         self.engine = engine
         self.dev = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         scale_out = SCALE_OUT if a.enable_scale_out else {}
-        self.routes = PUBLIC | scale_out | (DEV if self.dev else {})
+        self.routes = OLD_TRL if a.fake_old_trl else PUBLIC | scale_out | (DEV if self.dev else {})
+        self.logged = set(OLD_TRL if a.fake_old_trl else DEV)
         self.serving_at = 0.0
         self.weight_transfer = json.loads(a.weight_transfer_config or "null")
 
@@ -224,7 +236,7 @@ class ApiServer:
             return _error(404, "Not Found", "NotFoundError")
         if method not in allowed:
             return _error(405, "Method Not Allowed", "MethodNotAllowed")
-        if self.dev and path in DEV and self.a.fake_request_log:
+        if path in self.logged and self.a.fake_request_log:
             _append(self.a.fake_request_log, f"{method} {path}\n")
         return await self.answer(path, request)
 
@@ -232,6 +244,10 @@ class ApiServer:
         from aiohttp import web
 
         e = self.engine
+        if path == "/health/":  # the old TRL server: 200 while its process answers
+            return web.json_response({"status": "ok"})
+        if path == "/get_world_size/":
+            return web.json_response({"world_size": 1})
         if path == "/health":
             warming = self.since_serving() < self.a.fake_warmup
             return web.Response(status=503 if e.dead or warming else 200)
@@ -381,6 +397,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fake-stall-after", type=float)
     p.add_argument("--fake-requests", type=int, default=0)
     p.add_argument("--fake-ignore-sigterm", action="store_true")
+    p.add_argument("--fake-old-trl", action="store_true")
     p.add_argument("--fake-grandchild", metavar="PIDFILE")
     p.add_argument("--fake-pid-file", metavar="FILE")
     p.add_argument("--fake-request-log", metavar="FILE")

@@ -57,7 +57,7 @@ async def test_busy_server_without_tokens_is_restarted(tmp_path: Path) -> None:
     assert hung["log_level"] == "error"
     assert (hung["running"], hung["limit"]) == (2.0, STALL)
     assert hung["generated"] > 0
-    assert restarted - ready >= STALL
+    assert STALL <= restarted - ready < 0.5 + STALL + 8  # stall at 0.5 s; restart; slack
     stopped = next(e for e in logs if e["event"] == "child_stopped")
     assert stopped["reason"] == "hung"
     assert not any(e["event"] == "health_failed" for e in logs)

@@ -80,10 +80,10 @@ def runs(tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
 
 
-def vllm(port: int, *flags: str, **kw: Any) -> VLLMConfig:
+def vllm(port: int, *flags: str, path: str = "/health", **kw: Any) -> VLLMConfig:
     return VLLMConfig.model_validate({
         "command": command(port, "--fake-load", "0.2", *flags),
-        "health": {"url": f"http://127.0.0.1:{port}/health", "interval": 0.05, "timeout": 0.5,
+        "health": {"url": f"http://127.0.0.1:{port}{path}", "interval": 0.05, "timeout": 0.5,
                    "successes": 1, "failures": 2, "ready_timeout": 5},
         "restart": FAST, "stop_grace": 1, "release_timeout": 2, **kw,
     })
@@ -150,6 +150,28 @@ async def test_crash_resumes_after_vllm_reset(tmp_path: Path, mode: str | None) 
         assert (reset["server"], reset["action"]) == ("vllm", "restart")
     assert sup.trainer.restarts == 1
     assert await wait_gone([first["pid"], second["pid"], *engine_pids(pids)]) == []
+
+
+async def test_old_trl_server_gets_close_communicator(tmp_path: Path) -> None:
+    """Against the older trl vllm-serve server (detected by its routes), the default resets
+    the weight-sync group with POST /close_communicator/ instead of a restart."""
+    calls = tmp_path / "calls"
+    sup = Supervisor(
+        state_dir=tmp_path / "state",
+        vllm=vllm(free_port(), "--fake-old-trl", "--fake-request-log", str(calls),
+                  path="/health/"),
+        trainer=trainer(tmp_path, "crash-once"),
+    )
+    with capture_logs() as logs:
+        async with asyncio.timeout(30):
+            assert await sup.run() == "finished"
+    reset = next(e for e in logs if e["event"] == "vllm_trainer_restart_reset")
+    assert (reset["server"], reset["action"]) == ("trl", "close-communicator")
+    posts = [c for c in calls.read_text().splitlines() if c.startswith("POST")]
+    assert posts == ["POST /close_communicator/"]
+    assert sup.vllm is not None
+    assert sup.vllm.starts == 1
+    assert len(runs(tmp_path)) == 2
 
 
 async def test_hang_without_heartbeat_uses_first_progress_timeout(tmp_path: Path) -> None:
