@@ -147,3 +147,26 @@ async def test_sigkilled_api_server_orphan_is_gone_after_restart(tmp_path: Path)
             with pytest.raises(asyncio.CancelledError):
                 await task
     assert await wait_gone(engine_pids(pids)) == []
+
+
+async def test_redirecting_health_url_is_fatal_at_once(tmp_path: Path) -> None:
+    """A health URL vLLM answers with 307 (/health/) ends the child FATAL at the first answer,
+    with an error naming the redirect target, instead of failing after ready_timeout."""
+    port, pids = free_port(), tmp_path / "pids"
+    config = VLLMConfig.model_validate({
+        **vllm_config(port, "--fake-pid-file", str(pids)).model_dump(),
+        "health": {"url": f"http://127.0.0.1:{port}/health/", "interval": 0.05,
+                   "ready_timeout": 600},
+    })
+    runner = VLLMRunner(config, log_dir=tmp_path)
+    with capture_logs() as logs:
+        async with asyncio.timeout(30):
+            assert await runner.run() == "fatal"
+    assert runner.state is State.FATAL
+    assert runner.starts == 1
+    redirect = next(e for e in logs if e["event"] == "health_redirect")
+    assert (redirect["log_level"], redirect["location"]) == (
+        "error", f"http://127.0.0.1:{port}/health")
+    fatal = next(e for e in logs if e["event"] == "child_fatal")
+    assert fatal["reason"] == "misconfigured"
+    assert await wait_gone(engine_pids(pids)) == []
