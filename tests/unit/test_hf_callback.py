@@ -205,12 +205,14 @@ def test_grpo_every_option_is_an_installed_grpo_config_field(
 
 @pytest.mark.parametrize(
     ("url", "vllm_gpus", "trainer_gpus"),
-    [("http://127.0.0.1:8001", [0, 1], [1]), ("127.0.0.1:8001", [1], [0])],
+    [("http://127.0.0.1:8001", [0, 1], [1]), ("127.0.0.1:8001", [1], [0]),
+     ("http://127.0.0.1:8001/health", [1], [0])],
 )
 def test_grpo_server_mode_rejects_shared_gpus_and_bad_urls(
     hf: ModuleType, url: str, vllm_gpus: list[int], trainer_gpus: list[int]
 ) -> None:
-    """Server mode refuses GPUs shared with the trainer and URLs without a scheme."""
+    """Server mode refuses GPUs shared with the trainer, URLs without a scheme, and the health
+    URL in place of the root (TRL's client would poll /health/health)."""
     with pytest.raises(ValueError, match=r"GPUs|server_url"):
         hf.grpo_vllm_args(url, vllm_gpus=vllm_gpus, trainer_gpus=trainer_gpus)
 
