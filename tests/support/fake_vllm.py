@@ -146,7 +146,6 @@ class Engine:
     def __init__(self, model: str, requests: int) -> None:
         self.model = model
         self.dead = False
-        self.dead_event = asyncio.Event()
         self.running: dict[int, int] = {i: 10**9 for i in range(requests)}
         self.finished: dict[int, asyncio.Future[None]] = {}
         self.generated = 0
@@ -310,18 +309,20 @@ def server_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def start_engine(sock: socket.socket) -> tuple[socket.socket, subprocess.Popen[bytes]]:
+def start_engine(sock: socket.socket | None) -> tuple[socket.socket, subprocess.Popen[bytes]]:
     """Start the engine core child; like vLLM's forked child it holds the bound socket too."""
     ours, theirs = socket.socketpair()
     argv = [sys.executable, str(SCRIPT), *sys.argv[1:], "--engine-fd", str(theirs.fileno())]
-    child = subprocess.Popen(argv, pass_fds=(theirs.fileno(), sock.fileno()))
+    held = (theirs.fileno(),) if sock is None else (theirs.fileno(), sock.fileno())
+    child = subprocess.Popen(argv, pass_fds=held)
     theirs.close()
     return ours, child
 
 
-async def serve(a: argparse.Namespace, sock: socket.socket, ours: socket.socket,
+async def serve(a: argparse.Namespace, sock: socket.socket | None, ours: socket.socket,
                 child: subprocess.Popen[bytes]) -> int:
-    """Listen once the engine loaded, serve until SIGTERM or the engine's death; the exit code."""
+    """Listen once the engine loaded (the old TRL server only binds then), serve until SIGTERM
+    or the engine's death; the exit code."""
     from aiohttp import web
 
     loop = asyncio.get_running_loop()
@@ -329,6 +330,7 @@ async def serve(a: argparse.Namespace, sock: socket.socket, ours: socket.socket,
     if await reader.readline() != b"ready\n":
         print("ERROR Engine core initialization failed.", flush=True)
         return 1
+    sock = sock or server_socket(a.host, a.port)
     engine = Engine(a.model, a.fake_requests)
     api = ApiServer(a, engine)
     app = web.Application()
@@ -415,8 +417,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.fake_grandchild:
         subprocess.Popen([sys.executable, "-c", GRANDCHILD, a.fake_grandchild])
-    sock = server_socket(a.host, a.port)
-    print(f"INFO vLLM API server version 0.31.0; bound {a.host}:{a.port}", flush=True)
+    sock = None if a.fake_old_trl else server_socket(a.host, a.port)
+    print(f"INFO vLLM API server version 0.31.0; model {a.model}", flush=True)
     ours, child = start_engine(sock)
     _append(a.fake_pid_file, f"api {os.getpid()}\nengine {child.pid}\n")
     sys.exit(asyncio.run(serve(a, sock, ours, child)))
