@@ -263,11 +263,20 @@ class ServiceConfig(ChildConfig):
         return check_component(v, "service name")
 
 
+class VLLMHealthConfig(HealthConfig):
+    """vLLM's health check, plus hang detection from its ``/metrics``: requests running or
+    waiting and no token generated for ``stall_timeout`` is a hang (None: not checked)."""
+
+    stall_timeout: PositiveDuration | None = 300.0
+
+
 class VLLMConfig(ChildConfig):
     """``[vllm]``: the vLLM server (``vllm serve`` or ``trl vllm-serve``)."""
 
-    health: HealthConfig
-    on_trainer_restart: Literal["close-communicator", "restart", "nothing"] = "close-communicator"
+    health: VLLMHealthConfig
+    # after a trainer restart: "auto" restarts vLLM's own server (its NCCL weight-transfer
+    # group is stale) and POSTs /close_communicator/ to the old ``trl vllm-serve`` server
+    on_trainer_restart: Literal["auto", "close-communicator", "restart", "nothing"] = "auto"
     release_timeout: Duration = 120.0  # before a restart: wait this long for port and GPUs to free
 
 

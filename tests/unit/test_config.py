@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.requires import need_module
 
 from traind import config
 from traind.config import LocalStorage
@@ -53,6 +54,28 @@ def test_example_configs_are_valid() -> None:
     assert examples
     for path in examples:
         config.load(path)
+
+
+def test_grpo_example_runs_vllm_as_trl_documents_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """config/grpo.toml's [vllm] is the `vllm serve` command the installed TRL's
+    `trl vllm-serve` execs for vLLM 0.30+ (with VLLM_SERVER_DEV_MODE=1), polled on /health;
+    defaults restart vLLM's own server after a trainer death and watch for stalls."""
+    need_module("trl")
+    from trl.scripts import vllm_serve
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    monkeypatch.setattr(vllm_serve, "is_vllm_available", lambda **kw: True)  # vLLM 0.31
+
+    vllm = config.load(Path(__file__).parents[2] / "config" / "grpo.toml").vllm
+    assert vllm is not None
+    model, host, port = vllm.command[2], vllm.command[4], int(vllm.command[6])
+    trl = build_command(ScriptArguments(model=model, host=host, port=port))
+    assert list(vllm.command) == ["vllm", *trl[trl.index("serve"):]]
+    assert vllm.env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert vllm.health.url == f"http://{host}:{port}/health"
+    defaults = config.VLLMConfig.model_validate(
+        {"command": ["vllm", "serve", "m"], "health": {"url": "http://h:1/health"}})
+    assert (defaults.on_trainer_restart, defaults.health.stall_timeout) == ("auto", 300.0)
 
 
 def test_environment_overrides_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

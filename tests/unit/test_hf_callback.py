@@ -182,14 +182,37 @@ def test_grpo_colocate_mode_builds_a_grpo_config(hf: ModuleType, tmp_path: Path)
     assert (config.vllm_mode, config.vllm_gpu_memory_utilization) == ("colocate", 0.25)
 
 
+@pytest.mark.parametrize("server_url", [None, "http://127.0.0.1:8001"])
+def test_grpo_every_option_is_an_installed_grpo_config_field(
+    hf: ModuleType, tmp_path: Path, server_url: str | None
+) -> None:
+    """With every option set, each key is a field of the installed GRPOConfig and keeps its
+    value there (a renamed TRL field fails here, not in a user's run)."""
+    need_module("trl")
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    args = hf.grpo_vllm_args(
+        server_url, vllm_gpus=[1], trainer_gpus=[0], group_port=51300, server_timeout=600.0,
+        gpu_memory_utilization=0.4, tensor_parallel_size=1,
+    )
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert set(args) <= fields
+    config = GRPOConfig(**args, output_dir=str(tmp_path), use_cpu=True, **_QUIET)
+    assert {k: getattr(config, k) for k in args} == args
+
+
 @pytest.mark.parametrize(
     ("url", "vllm_gpus", "trainer_gpus"),
-    [("http://127.0.0.1:8001", [0, 1], [1]), ("127.0.0.1:8001", [1], [0])],
+    [("http://127.0.0.1:8001", [0, 1], [1]), ("127.0.0.1:8001", [1], [0]),
+     ("http://127.0.0.1:8001/health", [1], [0])],
 )
 def test_grpo_server_mode_rejects_shared_gpus_and_bad_urls(
     hf: ModuleType, url: str, vllm_gpus: list[int], trainer_gpus: list[int]
 ) -> None:
-    """Server mode refuses GPUs shared with the trainer and URLs without a scheme."""
+    """Server mode refuses GPUs shared with the trainer, URLs without a scheme, and the health
+    URL in place of the root (TRL's client would poll /health/health)."""
     with pytest.raises(ValueError, match=r"GPUs|server_url"):
         hf.grpo_vllm_args(url, vllm_gpus=vllm_gpus, trainer_gpus=trainer_gpus)
 

@@ -162,10 +162,10 @@ def grpo_vllm_args(
 ) -> dict[str, Any]:
     """Return ``trl.GRPOConfig`` keyword arguments for generating with vLLM.
 
-    With ``server_url`` (the supervised ``trl vllm-serve``/``vllm serve``, e.g.
-    ``"http://127.0.0.1:8001"``) the trainer uses server mode; vLLM must then run on GPUs
-    the trainer does not use. Without it vLLM is colocated inside the trainer on its GPUs.
-    ``None`` options keep TRL's defaults.
+    With ``server_url`` (the root of the supervised ``vllm serve``/``trl vllm-serve``, e.g.
+    ``"http://127.0.0.1:8001"``, not its ``/health``) the trainer uses server mode; vLLM must
+    then run on GPUs the trainer does not use. Without it vLLM is colocated inside the trainer
+    on its GPUs. ``None`` options keep TRL's defaults.
     """
     args: dict[str, Any] = {"use_vllm": True}
     if server_url is None:
@@ -182,6 +182,9 @@ def grpo_vllm_args(
     parts = urlsplit(server_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"server_url must look like http://HOST:PORT, not {server_url!r}")
+    if parts.path.rstrip("/").endswith("/health"):
+        raise ValueError(f"server_url is the server's root, not its health URL: {server_url!r} "
+                         "(TRL's VLLMClient adds /health, /v1/models, ... itself)")
     # vllm_server_base_url wins over vllm_server_host/port in TRL and keeps the scheme.
     args["vllm_mode"] = "server"
     args["vllm_server_base_url"] = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"

@@ -1,8 +1,8 @@
 """HTTP health checks: readiness (``successes`` 200s in a row before a deadline) and liveness
-(``failures`` bad polls in a row), plus vLLM's weight-sync reset endpoint.
+(``failures`` bad polls in a row), plus the old ``trl vllm-serve`` weight-sync reset endpoint.
 
-The URL is used exactly as configured (``/health`` for ``vllm serve``, ``/health/`` for
-``trl vllm-serve``) and redirects are never followed: a 3xx is an unhealthy answer.
+The URL is used exactly as configured (``/health`` for vLLM) and redirects are never followed:
+a 3xx while starting is a wrong URL, reported at once with the redirect target.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class Probe(StrEnum):
     OK = "ok"
     REFUSED = "refused"
     BAD_STATUS = "bad_status"
+    REDIRECT = "redirect"
     TIMEOUT = "timeout"
     ERROR = "error"
 
@@ -57,7 +58,8 @@ async def probe(session: aiohttp.ClientSession, url: str, limit: float) -> Resul
             if resp.status == 200:
                 return Result(Probe.OK, 200)
             where = resp.headers.get("Location", "")
-            return Result(Probe.BAD_STATUS, resp.status, f"location={where}" if where else "")
+            kind = Probe.REDIRECT if 300 <= resp.status < 400 else Probe.BAD_STATUS
+            return Result(kind, resp.status, f"location={where}" if where else "")
     except TimeoutError:
         return Result(Probe.TIMEOUT, detail=f"no answer within {limit}s")
     except aiohttp.ClientConnectorError as exc:
@@ -72,6 +74,10 @@ def _session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
 
 
+class HealthRedirectError(SupervisorError):
+    """The health URL answers with a redirect: it names the wrong path."""
+
+
 class HealthCheck:
     """Readiness and liveness of one child's HTTP health endpoint."""
 
@@ -81,7 +87,8 @@ class HealthCheck:
 
     async def wait_ready(self) -> None:
         """Return after ``successes`` 200s in a row; anything else while loading (refused,
-        503, timeouts) means still starting. Raise SupervisorError at ``ready_timeout``."""
+        503, timeouts) means still starting. Raise SupervisorError at ``ready_timeout``, and
+        HealthRedirectError at the first 3xx (no wait: the URL is wrong)."""
         c = self.config
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -91,6 +98,8 @@ class HealthCheck:
         async with _session() as session:
             while (left := deadline - loop.time()) > 0:
                 last = await probe(session, c.url, min(c.timeout, left))
+                if last.probe is Probe.REDIRECT:
+                    raise self._redirected(last)
                 streak = streak + 1 if last.probe is Probe.OK else 0
                 if streak >= c.successes:
                     self._log.info("health_ready", seconds=round(loop.time() - started, 3))
@@ -99,6 +108,14 @@ class HealthCheck:
         self._log.warning("health_not_ready", seconds=c.ready_timeout, last=last.probe.value,
                           status=last.status, detail=last.detail)
         raise SupervisorError(f"{c.url} not ready within {c.ready_timeout}s ({last.probe})")
+
+    def _redirected(self, result: Result) -> HealthRedirectError:
+        target = result.detail.removeprefix("location=") or "an unnamed location"
+        self._log.error("health_redirect", status=result.status, location=target)
+        return HealthRedirectError(
+            f"health url {self.config.url} answers {result.status} redirecting to {target}; "
+            "set the health url to the path the server serves (vLLM: /health)"
+        )
 
     async def watch(self) -> Result:
         """Poll every ``interval``; return the last result once ``failures`` polls in a row
@@ -121,8 +138,33 @@ class HealthCheck:
                     return result
 
 
+async def fetch_text(url: URL, limit: float) -> tuple[int, str] | None:
+    """GET ``url`` once (no redirects): its status and body, or None on network trouble."""
+    try:
+        async with (
+            _session() as session,
+            session.get(url, allow_redirects=False,
+                        timeout=aiohttp.ClientTimeout(total=limit)) as resp,
+        ):
+            return resp.status, await resp.text()
+    except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+        return None
+
+
+async def server_kind(health_url: str, limit: float) -> str:
+    """Which server answers: "vllm" (vLLM's own server, which current ``trl vllm-serve`` execs:
+    it serves ``/v1/models``), "trl" (the older ``trl vllm-serve`` FastAPI server, with
+    ``/get_world_size/``), or "unknown"."""
+    root = base_url(health_url)
+    models = await fetch_text(root / "v1" / "models", limit)
+    if models is not None and models[0] == 200:
+        return "vllm"
+    world = await fetch_text(root / "get_world_size/", limit)
+    return "trl" if world is not None and world[0] == 200 else "unknown"
+
+
 async def close_communicator(health_url: str, limit: float) -> bool:
-    """POST ``/close_communicator/`` on the vLLM server (``trl vllm-serve``) so a restarted
+    """POST ``/close_communicator/`` on the older ``trl vllm-serve`` server so a restarted
     trainer can open a new weight-sync group; True when the server answered 200."""
     url = base_url(health_url) / "close_communicator/"
     try:

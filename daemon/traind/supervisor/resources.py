@@ -3,52 +3,34 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import importlib
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
+from traind.supervisor.ports import PortUse, port_use
+
 log = structlog.get_logger("traind.supervisor")
 IDLE_SLACK = 512 * 1024**2
 
 
-def port_in_use(port: int) -> bool:
-    """True while something listens on TCP ``port`` on any local address (binding the
-    wildcard address with SO_REUSEADDR fails, as the restarted server's bind would)."""
-    families = [(socket.AF_INET, "0.0.0.0")]
-    if socket.has_ipv6:
-        families.append((socket.AF_INET6, "::"))
-    for family, wildcard in families:
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        with sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            try:
-                sock.bind((wildcard, port))
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return True
-    return False
-
-
-async def wait_port_free(port: int, limit: float) -> bool:
-    """Wait up to ``limit`` seconds until nothing listens on TCP ``port``; False (and a log
-    event) when it is still busy."""
+async def wait_port_free(port: int, limit: float) -> PortUse:
+    """Wait up to ``limit`` seconds until nothing holds TCP ``port`` (listening, or bound as
+    a loading vLLM holds it); return what holds it last. One ``port_busy`` event names the
+    holders when it is busy at first, ``port_still_busy`` when it stayed busy."""
     deadline = time.monotonic() + limit
-    while await asyncio.to_thread(port_in_use, port):
+    use = await asyncio.to_thread(port_use, port)
+    if use.busy:
+        log.info("port_busy", port=port, holders=use.describe(), waiting=limit)
+    while use.busy:
         if time.monotonic() > deadline:
-            log.warning("port_still_busy", port=port, waited=limit)
-            return False
+            log.warning("port_still_busy", port=port, waited=limit, holders=use.describe())
+            return use
         await asyncio.sleep(0.2)
-    return True
+        use = await asyncio.to_thread(port_use, port)
+    return use
 
 
 def gpu_memory_used(gpus: Sequence[int]) -> dict[int, int] | None:

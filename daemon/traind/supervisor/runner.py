@@ -15,7 +15,7 @@ import structlog
 
 from traind.config import ChildConfig, HealthConfig
 from traind.errors import SupervisorError
-from traind.supervisor.health import HealthCheck
+from traind.supervisor.health import HealthCheck, HealthRedirectError
 from traind.supervisor.policy import Action, History, Role, decide, is_failure
 from traind.supervisor.process import ManagedProcess, State
 
@@ -171,6 +171,10 @@ class ChildRunner:
                 reason, code, uptime = await self._run_once(launch)
             if reason == "restart_requested":
                 continue
+            if reason == "misconfigured":
+                self.process.set_state(State.FATAL)
+                self._log.error("child_fatal", reason=reason, returncode=code)
+                return "fatal"
             failed = reason != "exited" or is_failure(self.role, code)
             d = decide(self.config.restart, self._history, now=time.monotonic(), uptime=uptime,
                        failed=failed, jitter=self._jitter)
@@ -223,6 +227,8 @@ class ChildRunner:
             return await forever()
         try:
             await self._health.wait_ready()
+        except HealthRedirectError:
+            return "misconfigured"  # restarting cannot fix a wrong health URL
         except SupervisorError:
             return "not_ready"
         if self.process.running:

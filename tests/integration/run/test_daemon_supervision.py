@@ -54,7 +54,7 @@ def test_sigterm_stops_every_child_within_grace(tmp_path: Path) -> None:
     its grace) and its escaped grandchild, then the daemon exits 0 — nothing left behind."""
     port = free_port()
     grandchild = tmp_path / "grandchild.pid"
-    vllm = vllm_command(port, "--ignore-sigterm", "--fork-grandchild", str(grandchild))
+    vllm = vllm_command(port, "--fake-ignore-sigterm", "--fake-grandchild", str(grandchild))
     sleeper = [sys.executable, "-c", "import time; print('training', flush=True); time.sleep(600)"]
     extra = f"""
 [vllm]

@@ -30,20 +30,20 @@ def _subreaper() -> None:
 
 def health(port: int, path: str = "/health") -> dict[str, Any]:
     return {"url": f"http://127.0.0.1:{port}{path}", "interval": 0.05, "timeout": 0.2,
-            "successes": 2, "failures": 2, "ready_timeout": 5}
+            "successes": 2, "failures": 2, "ready_timeout": 15}
 
 
 def vllm(port: int, *flags: str, **kw: Any) -> VLLMConfig:
     return VLLMConfig.model_validate({
-        "command": command(port, "--load-seconds", "0.3", *flags),
-        "health": health(port, "/health/"), "restart": FAST, "stop_grace": 1,
+        "command": command(port, "--fake-load", "0.3", *flags),
+        "health": health(port), "restart": FAST, "stop_grace": 1,
         "release_timeout": 2, **kw,
     })
 
 
 def service(port: int, *flags: str, **kw: Any) -> ServiceConfig:
     return ServiceConfig.model_validate({
-        "name": "env-server", "command": command(port, "--load-seconds", "0.2", *flags),
+        "name": "env-server", "command": command(port, "--fake-load", "0.2", *flags),
         "health": health(port), "restart": FAST, "stop_grace": 1, **kw,
     })
 
@@ -102,7 +102,7 @@ async def test_start_order(tmp_path: Path) -> None:
     assert events.index("env-server", State.RUNNING) < events.index("vllm", State.STARTING)
     assert events.index("vllm", State.RUNNING) < events.index("trainer", State.STARTING)
     assert [s.state for s in sup.status()] == ["EXITED"] * 3
-    assert (tmp_path / "logs" / "vllm.log").read_text().count("serving on") == 1
+    assert (tmp_path / "logs" / "vllm.log").read_text().count("Starting vLLM server on") == 1
 
 
 async def test_stop_is_ordered_and_bounded(tmp_path: Path) -> None:
@@ -111,8 +111,8 @@ async def test_stop_is_ordered_and_bounded(tmp_path: Path) -> None:
     events, pidfile = Events(), tmp_path / "grandchildren"
     sup = Supervisor(
         state_dir=tmp_path,
-        services=[service(free_port(), "--ignore-sigterm", stop_grace=0.5)],
-        vllm=vllm(free_port(), "--fork-grandchild", str(pidfile), "--ignore-sigterm",
+        services=[service(free_port(), "--fake-ignore-sigterm", stop_grace=0.5)],
+        vllm=vllm(free_port(), "--fake-grandchild", str(pidfile), "--fake-ignore-sigterm",
                   stop_grace=0.5),
         trainer=trainer(), on_change=events,
     )
@@ -148,7 +148,7 @@ async def test_cancelling_run_stops_everything(tmp_path: Path) -> None:
 async def test_vllm_restart_restarts_running_trainer(tmp_path: Path) -> None:
     """When vLLM dies under a running trainer, the trainer is restarted after vLLM is back,
     without counting against the trainer's restart budget."""
-    sup = Supervisor(state_dir=tmp_path, vllm=vllm(free_port(), "--crash-after", "0.8"),
+    sup = Supervisor(state_dir=tmp_path, vllm=vllm(free_port(), "--fake-crash-after", "0.8"),
                      trainer=trainer())
     task = asyncio.create_task(sup.run())
     try:
@@ -165,7 +165,7 @@ async def test_vllm_restart_restarts_running_trainer(tmp_path: Path) -> None:
 
 async def test_fatal_dependency_fails_the_run(tmp_path: Path) -> None:
     """vLLM crash-looping into FATAL ends the run as failed; the trainer never starts."""
-    crashing = vllm(free_port(), "--crash-after", "0", restart=FAST | {"max_restarts": 1})
+    crashing = vllm(free_port(), "--fake-crash-after", "0", restart=FAST | {"max_restarts": 1})
     sup = Supervisor(state_dir=tmp_path, vllm=crashing, trainer=trainer())
     async with asyncio.timeout(20):
         assert await sup.run() == "failed"

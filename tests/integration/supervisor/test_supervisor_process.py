@@ -18,9 +18,10 @@ from traind.config import ChildConfig, TrainerConfig
 from traind.errors import SupervisorError
 from traind.supervisor.env import CHILD_TAG, child_env
 from traind.supervisor.policy import Role
+from traind.supervisor.ports import port_use
 from traind.supervisor.process import ManagedProcess, State
 from traind.supervisor.procfs import become_subreaper
-from traind.supervisor.resources import port_in_use, wait_gpus_idle, wait_port_free
+from traind.supervisor.resources import wait_gpus_idle, wait_port_free
 
 BASE_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -152,7 +153,7 @@ async def test_stop_kills_child_ignoring_sigterm_after_grace(tmp_path: Path) -> 
     """A child that ignores SIGTERM is SIGKILLed once the grace period is over."""
     states: list[State] = []
     port = free_port()
-    p = ManagedProcess("stubborn", cfg(*command(port, "--ignore-sigterm"), stop_grace=0.4),
+    p = ManagedProcess("stubborn", cfg(*command(port, "--fake-ignore-sigterm"), stop_grace=0.4),
                        Role.VLLM, log_dir=tmp_path, on_state=lambda n, s: states.append(s))
     async with asyncio.timeout(15):
         pid = await p.start()
@@ -169,7 +170,7 @@ async def test_stop_kills_child_ignoring_sigterm_after_grace(tmp_path: Path) -> 
 async def test_stop_kills_grandchild_that_left_the_group(tmp_path: Path) -> None:
     """A grandchild that called setsid (left the group) is found and killed on stop."""
     pidfile = tmp_path / "grandchildren"
-    p = ManagedProcess("forker", cfg(*command(free_port(), "--fork-grandchild", str(pidfile)),
+    p = ManagedProcess("forker", cfg(*command(free_port(), "--fake-grandchild", str(pidfile)),
                                      stop_grace=2), Role.VLLM, log_dir=tmp_path)
     async with asyncio.timeout(15):
         pid = await p.start()
@@ -185,8 +186,8 @@ async def test_stop_kills_grandchild_that_left_the_group(tmp_path: Path) -> None
 
 async def test_cancelled_stop_still_kills(tmp_path: Path) -> None:
     """Cancelling stop() during the grace period goes straight to SIGKILL and still waits."""
-    p = ManagedProcess("cancelled", cfg(*command(free_port(), "--ignore-sigterm"), stop_grace=30),
-                       Role.VLLM, log_dir=tmp_path)
+    argv = command(free_port(), "--fake-ignore-sigterm")
+    p = ManagedProcess("cancelled", cfg(*argv, stop_grace=30), Role.VLLM, log_dir=tmp_path)
     async with asyncio.timeout(15):
         pid = await p.start()
         await asyncio.sleep(0.3)
@@ -215,12 +216,12 @@ async def test_port_wait(tmp_path: Path) -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        assert port_in_use(port)
+        assert port_use(port).busy
         async with asyncio.timeout(5):
-            assert await wait_port_free(port, 0.3) is False
-    assert not port_in_use(port)
+            assert (await wait_port_free(port, 0.3)).busy
+    assert not port_use(port).busy
     async with asyncio.timeout(5):
-        assert await wait_port_free(port, 0.3) is True
+        assert not (await wait_port_free(port, 0.3)).busy
 
 
 async def test_gpu_wait_without_nvml_is_skipped() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
-from tests.support.fake_vllm import command, wait_gone
+from tests.support.fake_vllm import command, engine_pids, wait_gone
 from tests.support.net import free_port
 
 from traind.config import TrainerConfig, VLLMConfig
@@ -26,9 +26,17 @@ FAST = {"backoff_initial": 0.05, "backoff_max": 0.1, "max_restarts": 3, "window"
 TRAINER = """
 import json, os, sys, time
 from pathlib import Path
+from urllib.error import URLError
+from urllib.request import urlopen
 record, mode, *args = sys.argv[1:]
+vllm = None
+if "VLLM_HEALTH" in os.environ:
+    try:
+        vllm = urlopen(os.environ["VLLM_HEALTH"], timeout=2).status
+    except (URLError, OSError) as exc:
+        vllm = repr(exc)
 with open(record, "a") as f:
-    f.write(json.dumps({"pid": os.getpid(), "args": args,
+    f.write(json.dumps({"pid": os.getpid(), "args": args, "vllm": vllm,
                         "resume": os.environ.get("TRAIND_RESUME_FROM"),
                         "heartbeat": os.environ.get("TRAIND_HEARTBEAT")}) + "\\n")
 runs = len(Path(record).read_text().splitlines())
@@ -72,10 +80,10 @@ def runs(tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
 
 
-def vllm(port: int, *flags: str, **kw: Any) -> VLLMConfig:
+def vllm(port: int, *flags: str, path: str = "/health", **kw: Any) -> VLLMConfig:
     return VLLMConfig.model_validate({
-        "command": command(port, "--load-seconds", "0.2", *flags),
-        "health": {"url": f"http://127.0.0.1:{port}/health/", "interval": 0.05, "timeout": 0.5,
+        "command": command(port, "--fake-load", "0.2", *flags),
+        "health": {"url": f"http://127.0.0.1:{port}{path}", "interval": 0.05, "timeout": 0.5,
                    "successes": 1, "failures": 2, "ready_timeout": 5},
         "restart": FAST, "stop_grace": 1, "release_timeout": 2, **kw,
     })
@@ -102,42 +110,68 @@ def test_resume_argv_positional_after_program() -> None:
     assert resume_argv(["train.py", "{resume_from}", "--x"], None) == ("train.py", "--x")
 
 
-@pytest.mark.parametrize("mode", ["close-communicator", "restart"])
-async def test_crash_resumes_after_vllm_reset(tmp_path: Path, mode: str) -> None:
-    """A crashed trainer restarts from the newest checkpoint after vLLM's weight-sync reset;
-    its exit 0 then finishes the run and everything is stopped."""
-    closes = tmp_path / "closes"
+@pytest.mark.parametrize("mode", [None, "restart"])
+async def test_crash_resumes_after_vllm_reset(tmp_path: Path, mode: str | None) -> None:
+    """A crashed trainer restarts from the newest checkpoint only once the vLLM server it
+    shared a weight-transfer group with was restarted and is ready again (the default for
+    vLLM's own server); its exit 0 then finishes the run and everything is stopped."""
     checkpoints = [None, tmp_path / "out" / "checkpoint-5"]
     calls: list[int] = []
+    pids = tmp_path / "vllm.pids"
 
     async def resume_from() -> Path | None:
         calls.append(1)
         return checkpoints[min(len(calls), 2) - 1]
 
+    port = free_port()
+    extra = {} if mode is None else {"on_trainer_restart": mode}
     sup = Supervisor(
         state_dir=tmp_path / "state",
-        vllm=vllm(free_port(), "--close-log", str(closes), on_trainer_restart=mode),
-        trainer=trainer(tmp_path, "crash-once", "--resume_from_checkpoint", "{resume_from}"),
+        vllm=vllm(port, "--fake-load", "0.5", "--fake-pid-file", str(pids), **extra),
+        trainer=trainer(tmp_path, "crash-once", "--resume_from_checkpoint", "{resume_from}",
+                        env={"VLLM_HEALTH": f"http://127.0.0.1:{port}/health"}),
         resume_from=resume_from,
     )
-    async with asyncio.timeout(20):
-        assert await sup.run() == "finished"
+    with capture_logs() as logs:
+        async with asyncio.timeout(30):
+            assert await sup.run() == "finished"
     assert sup.finished.is_set()
     first, second = runs(tmp_path)
-    assert (first["args"], first["resume"]) == ([], None)
+    assert (first["args"], first["resume"], first["vllm"]) == ([], None, 200)
     assert second["args"] == ["--resume_from_checkpoint", str(checkpoints[1])]
-    assert second["resume"] == str(checkpoints[1])
+    assert (second["resume"], second["vllm"]) == (str(checkpoints[1]), 200)
     assert second["heartbeat"] == str(tmp_path / "state" / "trainer.heartbeat")
     assert sup.vllm is not None
     assert sup.trainer is not None
-    if mode == "close-communicator":
-        assert len(closes.read_text().split()) == 1
-        assert sup.vllm.starts == 1
-    else:
-        assert not closes.exists()
-        assert sup.vllm.starts == 2
+    assert sup.vllm.starts == 2
+    assert len(engine_pids(pids)) == 2
+    if mode is None:
+        reset = next(e for e in logs if e["event"] == "vllm_trainer_restart_reset")
+        assert (reset["server"], reset["action"]) == ("vllm", "restart")
     assert sup.trainer.restarts == 1
-    assert await wait_gone([first["pid"], second["pid"]]) == []
+    assert await wait_gone([first["pid"], second["pid"], *engine_pids(pids)]) == []
+
+
+async def test_old_trl_server_gets_close_communicator(tmp_path: Path) -> None:
+    """Against the older trl vllm-serve server (detected by its routes), the default resets
+    the weight-sync group with POST /close_communicator/ instead of a restart."""
+    calls = tmp_path / "calls"
+    sup = Supervisor(
+        state_dir=tmp_path / "state",
+        vllm=vllm(free_port(), "--fake-old-trl", "--fake-request-log", str(calls),
+                  path="/health/"),
+        trainer=trainer(tmp_path, "crash-once"),
+    )
+    with capture_logs() as logs:
+        async with asyncio.timeout(30):
+            assert await sup.run() == "finished"
+    reset = next(e for e in logs if e["event"] == "vllm_trainer_restart_reset")
+    assert (reset["server"], reset["action"]) == ("trl", "close-communicator")
+    posts = [c for c in calls.read_text().splitlines() if c.startswith("POST")]
+    assert posts == ["POST /close_communicator/"]
+    assert sup.vllm is not None
+    assert sup.vllm.starts == 1
+    assert len(runs(tmp_path)) == 2
 
 
 async def test_hang_without_heartbeat_uses_first_progress_timeout(tmp_path: Path) -> None:
