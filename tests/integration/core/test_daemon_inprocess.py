@@ -30,6 +30,16 @@ class FlakyStore(MemoryBackend):
         return await super().manifests()
 
 
+async def running(daemon: Daemon, stop: asyncio.Event) -> asyncio.Task[None]:
+    """Start ``daemon`` until ``stop``; return its task once it is running."""
+    task = asyncio.create_task(daemon.run(stop))
+    async with asyncio.timeout(20):
+        while daemon.observer.state != "running":
+            assert not task.done()
+            await asyncio.sleep(0.05)
+    return task
+
+
 async def test_unreachable_store_at_startup_is_waited_for(tmp_path: Path) -> None:
     """A store that is down at start-up delays the start instead of ending the daemon."""
     settings = validate(
@@ -46,11 +56,7 @@ async def test_unreachable_store_at_startup_is_waited_for(tmp_path: Path) -> Non
     store = FlakyStore(failures=2)
     daemon = Daemon(settings, storage=store)
     stop = asyncio.Event()
-    task = asyncio.create_task(daemon.run(stop))
-    async with asyncio.timeout(20):
-        while daemon.observer.state != "running":
-            assert not task.done()
-            await asyncio.sleep(0.05)
+    task = await running(daemon, stop)
     assert store.listings >= 3
     stop.set()
     async with asyncio.timeout(20):
@@ -74,11 +80,7 @@ async def test_without_a_trainer_only_the_explicit_marker_completes_at_stop(
     store = MemoryBackend()
     daemon = Daemon(settings, storage=store)
     stop = asyncio.Event()
-    task = asyncio.create_task(daemon.run(stop))
-    async with asyncio.timeout(20):
-        while daemon.observer.state != "running":
-            assert not task.done()
-            await asyncio.sleep(0.05)
+    task = await running(daemon, stop)
     write_checkpoint(out, 1)
     write_checkpoint(out, 2)
     (out / "checkpoint-1" / EXPLICIT_MARKER).touch()

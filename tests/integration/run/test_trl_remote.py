@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from tests.support.checkpoints import setup
 from tests.support.daemon import DaemonProcess
-from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
-from tests.support.sshd import HOST, SSHServer
+from tests.support.requires import need_module
+from tests.support.stores import store_section
 from tests.support.tiny_train import QUIET_ENV, train_command
 
 
@@ -30,29 +29,8 @@ def tree_hashes(root: Path) -> dict[str, str]:
 @pytest.fixture(params=["s3", "ssh-sftp", "ssh-openssh", "ssh-rsync"])
 def storage_section(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The [storage] body for a freshly started real server of each kind."""
-    if request.param == "s3":
-        need_module("aiobotocore")
-        with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
-            server.create_bucket("ckpts")
-            yield (
-                f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-                f'region = "{REGION}"\naddressing_style = "path"\n'
-                f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
-                'part_size = "5MiB"\n'
-            )
-        return
-    need_module("asyncssh")
-    server = SSHServer(need_binary("sshd"), tmp_path / "sshd")
-    server.start_sync()
-    try:
-        yield (
-            f'type = "ssh"\nhost = "{HOST}"\nport = {server.port}\nuser = "{server.user}"\n'
-            f'identity_file = "{server.user_key.path}"\nknown_hosts = "{server.known_hosts}"\n'
-            f'remote_path = "{tmp_path / "remote"}"\n'
-            f'transfer = "{request.param.removeprefix("ssh-")}"\n'
-        )
-    finally:
-        server.stop_sync()
+    with store_section(request.param, tmp_path) as body:
+        yield body + ('part_size = "5MiB"\n' if request.param == "s3" else "")
 
 
 def test_trl_run_streams_to_remote_and_restores(tmp_path: Path, storage_section: str) -> None:

@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 from tests.support.checkpoints import write_checkpoint
 from tests.support.daemon import DaemonProcess, Event, write_config
-from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
-from tests.support.sshd import HOST, SSHServer
+from tests.support.stores import store_section
 
 from traind import config
 from traind.checkpoints.manifest import Writer
@@ -30,30 +28,8 @@ TAGS = ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
 @pytest.fixture(params=["local", "s3", "ssh"])
 def storage_section(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The [storage] body of a fresh store of each kind (a real server for s3 and ssh)."""
-    if request.param == "local":
-        yield f'type = "local"\npath = "{tmp_path / "store"}"\n'
-        return
-    if request.param == "s3":
-        need_module("aiobotocore")
-        with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
-            server.create_bucket("ckpts")
-            yield (
-                f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-                f'region = "{REGION}"\naddressing_style = "path"\n'
-                f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
-            )
-        return
-    need_module("asyncssh")
-    server = SSHServer(need_binary("sshd"), tmp_path / "sshd")
-    server.start_sync()
-    try:
-        yield (
-            f'type = "ssh"\nhost = "{HOST}"\nport = {server.port}\nuser = "{server.user}"\n'
-            f'identity_file = "{server.user_key.path}"\nknown_hosts = "{server.known_hosts}"\n'
-            f'remote_path = "{tmp_path / "remote"}"\n'
-        )
-    finally:
-        server.stop_sync()
+    with store_section(request.param, tmp_path) as body:
+        yield body
 
 
 def host_config(tmp_path: Path, name: str, storage: str) -> Path:
