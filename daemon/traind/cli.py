@@ -63,6 +63,8 @@ EXAMPLES = {
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
+LEVELS = ("debug", "info", "warning", "error", "critical")
+
 EXIT_UNSTORED = 75
 """``traind run`` stopped (SIGTERM) before every checkpoint was committed: the ones not in
 the store are named in its last log line (EX_TEMPFAIL: a restart on this host commits them).
@@ -194,9 +196,6 @@ def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
                           help="log errors only")
     loudness.add_argument("-v", "--verbose", action="store_true", default=default,
                           help="log debug events too")
-
-
-LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def configure_logs(

@@ -361,7 +361,7 @@ def test_progress_bar_and_log_lines_never_share_a_line(cfg: Path, tmp_path: Path
     the bar's line (was `... ETA 0s2026-12-01T08:22:57Z [info] checkpoint_committed`)."""
     src = make_ckpt(tmp_path / "src", 9)
     (src / "shards").mkdir()
-    for i in range(1000):  # one fsync each: the bar is drawn before checkpoint_committed
+    for i in range(2000):  # one fsync each: the bar is drawn before checkpoint_committed
         (src / "shards" / f"{i:04}.bin").write_bytes(os.urandom(1024))
     code, raw = on_a_terminal("push", "-c", str(cfg), str(src))
     assert code == 0, raw
@@ -370,7 +370,7 @@ def test_progress_bar_and_log_lines_never_share_a_line(cfg: Path, tmp_path: Path
     assert any("checkpoint_committed" in line for line in lines), raw
     for line in lines:
         assert not ("ETA" in line and "[info" in line), line
-    assert "checkpoint-9: committed (1003 files, 1.2 MiB)" in lines
+    assert "checkpoint-9: committed (2003 files, 2.1 MiB)" in lines
 
 
 def test_push_and_pull_dry_run_touch_nothing(cfg: Path, tmp_path: Path) -> None:
