@@ -27,6 +27,7 @@ from traind.config import Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.observe import Observer
 from traind.reload import plan_reload
+from traind.status import locate
 from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
 from traind.storage.base import Storage
@@ -53,8 +54,12 @@ class Daemon:
         storage: Storage | None = None,
         config_path: Path | None = None,
         recent: RecentErrors | None = None,
+        *,
+        restore: bool = True,
     ) -> None:
         self.settings = settings
+        self._restore = restore and settings.run.restore
+        """Whether a fresh output_dir is restored at start (``traind run --no-restore``)."""
         self.config_path = config_path
         self.storage = storage or open_storage(settings.storage, settings.run.name)
         state_dir = settings.run.state_dir
@@ -148,9 +153,13 @@ class Daemon:
         manifests = await self._first_manifests()
         if manifests is not None:
             self.observer.known(manifests)
+        if manifests is not None and self._restore:
             await recovery.restore_if_fresh(
                 self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
             )
+        elif manifests is not None:
+            log.info("restore_disabled", output_dir=str(s.run.output_dir),
+                     hint="run.restore = false or traind run --no-restore")
         if manifests is not None:
             manifests = await recovery.without_corrupt(self.journal, manifests)
         tracked, self._unreconciled = await recovery.recover(
@@ -432,13 +441,20 @@ class Daemon:
 
     async def _serve_status(self, status: StatusConfig | None) -> None:
         """(Re)start the status server for ``status``, or stop it when None or disabled."""
+        state_dir = self.settings.run.state_dir
         if self._server is not None:
             await self._server.stop()
             self._server = None
+            locate.withdraw(state_dir)
         if status is not None and status.enabled:
             server = StatusServer(status.listen, self.observer.snapshot, self.observer.metrics)
             await server.start()
             self._server = server
+            try:  # how `traind status` finds this daemon when the config file is broken
+                locate.publish(state_dir, str(server.address))
+            except OSError as exc:
+                log.warning("status_address_unpublished", state_dir=str(state_dir),
+                            error=str(exc))
 
 
 def _lock_state_dir(state_dir: Path) -> int | None:

@@ -12,26 +12,32 @@ import signal
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
+from structlog.typing import Processor
 
-from traind import config, logs
+from traind import __version__, config, logs
 from traind.errors import ConfigError, TraindError
 from traind.launch.cli import add_launch_parser
 from traind.launch.cli import handle as _launch
 
+if TYPE_CHECKING:
+    from traind.checkpoints.manifest import Manifest
+
 log = structlog.get_logger("traind.cli")
 
 EXAMPLES = {
-    "run": "example:\n  traind run -c /etc/traind/traind.toml",
+    "run": "examples:\n  traind run -c /etc/traind/traind.toml\n"
+    "  traind run --no-restore   # watch and stream only: an empty output_dir stays empty",
     "check-config": "example:\n  traind check-config -c config/local.toml\n"
     "  traind check-config -c config/s3.toml --offline   # skip the store probe",
     "list": "example:\n  traind list -c /etc/traind/traind.toml\n  traind list --json | jq '.[0]'",
     "pull": "examples:\n  traind pull latest ./restore            # → ./restore/checkpoint-N\n"
-    "  traind pull checkpoint-400 /data/out\n\n"
+    "  traind pull checkpoint-400 /data/out\n"
+    "  traind pull --dry-run latest ./restore  # what would be fetched; fetch nothing\n\n"
     "'latest' passes over a corrupt newest checkpoint to the newest that verifies, and\n"
     "says so on stderr; a named TAG that does not verify is refused (exit status 1).",
     "verify": "examples:\n  traind verify                           # every checkpoint (as --all)\n"
@@ -43,14 +49,21 @@ EXAMPLES = {
     "Where run.state_dir holds a journal, what is found is recorded there: a checkpoint\n"
     "found corrupt is passed over by restores without being downloaded, and one that\n"
     "verifies again (repaired in the store) is restored again.",
-    "push": "example:\n  traind push /data/out/checkpoint-400",
+    "push": "examples:\n  traind push /data/out/checkpoint-400\n"
+    "  traind push --dry-run /data/out/checkpoint-400   # what would be sent; send nothing",
     "prune": "examples:\n  traind prune --dry-run                  # show what would go, and why\n"
     "  traind prune",
     "status": "examples:\n  traind status\n  traind status --watch        # redraw every 2 s\n"
-    "  traind status --json | jq .upload",
+    "  traind status --json | jq .upload\n"
+    "  traind status --socket /run/traind/status.sock   # without reading the config\n\n"
+    "When the config file is invalid (a bad edit), the daemon is found at the address it\n"
+    "published in run.state_dir/status.address, else at the file's status.listen, else at\n"
+    "the default.",
 }
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
 
 EXIT_UNSTORED = 75
 """``traind run`` stopped (SIGTERM) before every checkpoint was committed: the ones not in
@@ -69,6 +82,22 @@ def _seconds_arg(value: str) -> float:
     return seconds
 
 
+def _status_url(value: str) -> str:
+    """``--url``'s value as a status.listen address: ``http://HOST:PORT`` or ``HOST:PORT``."""
+    from urllib.parse import urlsplit
+
+    from traind.status.address import parse_listen
+
+    parts = urlsplit(value if "://" in value else f"http://{value}")
+    try:
+        if parts.scheme != "http" or parts.path not in ("", "/", "/status"):
+            raise ValueError(f"{value!r}: write http://HOST:PORT, e.g. http://127.0.0.1:9750")
+        parse_listen(parts.netloc)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return parts.netloc
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
@@ -78,14 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Any key can be overridden from the environment: TRAIND_<SECTION>__<KEY>, "
         "e.g. TRAIND_RETENTION__KEEP_LAST=3.",
     )
+    parser.add_argument("--version", action="version", version=f"traind {__version__}")
+    _add_global_options(parser, None)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "-c",
-        "--config",
-        metavar="PATH",
-        type=config.path_arg,
-        help=f"config file (default: $TRAIND_CONFIG or {config.DEFAULT_CONFIG})",
-    )
+    _add_global_options(common, argparse.SUPPRESS)  # keeps what was given before COMMAND
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, summary: str) -> argparse.ArgumentParser:
@@ -98,7 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    add("run", "Run the daemon: restore on a fresh host, then watch, stream and prune.")
+    run = add("run", "Run the daemon: restore on a fresh host, then watch, stream and prune.")
+    run.add_argument("--no-restore", action="store_true",
+                     help="do not restore into an empty output_dir at start (as run.restore "
+                          "= false)")
     check = add("check-config", "Validate the config file and probe the storage backend.")
     check.add_argument("--offline", action="store_true", help="validate only; do not probe")
     check.add_argument(
@@ -111,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     pull = add("pull", "Restore a committed checkpoint into DIR/<tag>, verified.")
     pull.add_argument("tag", metavar="TAG", help="a tag such as checkpoint-400, or 'latest'")
     pull.add_argument("dir", metavar="DIR", type=Path, help="parent directory to restore into")
+    pull.add_argument("--dry-run", action="store_true",
+                      help="say what would be fetched, and its size; download nothing")
     verify = add("verify", "Check the store against the manifests: every file's size and sha256.")
     which = verify.add_mutually_exclusive_group()
     which.add_argument("tag", metavar="TAG", nargs="?",
@@ -119,10 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
     push = add("push", "Commit one checkpoint directory to the store by hand.")
     push.add_argument("dir", metavar="DIR", type=Path, help="the checkpoint-N directory")
     push.add_argument("--tag", help="tag to store it under (default: the directory name)")
+    push.add_argument("--dry-run", action="store_true",
+                      help="say what would be sent, and its size; upload nothing")
     prune = add("prune", "Apply the retention policy to the store and to output_dir now.")
     prune.add_argument("--dry-run", action="store_true", help="show what would go, and why")
     status = add("status", "Show the running daemon: children, queue, upload, checkpoints, errors.")
     status.add_argument("--json", action="store_true", help="print the raw JSON document")
+    reach = status.add_mutually_exclusive_group()
+    reach.add_argument("--url", type=_status_url, metavar="URL",
+                       help="the daemon's status server, http://HOST:PORT (default: status.listen)")
+    reach.add_argument("--socket", type=Path, metavar="PATH",
+                       help="the daemon's status unix socket (default: status.listen)")
     status.add_argument(
         "--watch",
         nargs="?",
@@ -135,11 +172,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """The options accepted both before and after COMMAND (``default`` SUPPRESS after it, so
+    an option given only before COMMAND is not reset)."""
+    parser.add_argument(
+        "-c",
+        "--config",
+        metavar="PATH",
+        type=config.path_arg,
+        default=default,
+        help=f"config file (default: $TRAIND_CONFIG or {config.DEFAULT_CONFIG})",
+    )
+    parser.add_argument(
+        "--log-level", choices=LEVELS, type=str.lower, default=default,
+        help="least severe log event shown (default info; -q: error, -v: debug)",
+    )
+    parser.add_argument(
+        "--log-format", choices=logs.FORMATS, default=default,
+        help="log lines as JSON or for people (default: console on a terminal, else json)",
+    )
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true", default=default,
+                          help="log errors only")
+    loudness.add_argument("-v", "--verbose", action="store_true", default=default,
+                          help="log debug events too")
+
+
+def configure_logs(
+    args: argparse.Namespace, stream: TextIO, processors: Sequence[Processor] = ()
+) -> None:
+    """Configure logging to ``stream`` as the global options in ``args`` ask."""
+    level = args.log_level or ("error" if args.quiet else "debug" if args.verbose else "info")
+    as_json = None if args.log_format is None else args.log_format == "json"
+    logs.configure(stream, json=as_json, level=level, processors=processors)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``traind`` console script."""
     args = build_parser().parse_args(argv)
     daemon = args.command == "run"
-    logs.configure(sys.stdout if daemon else sys.stderr)
+    configure_logs(args, sys.stdout if daemon else sys.stderr)
     handler: Handler = _HANDLERS[args.command]
     try:
         return asyncio.run(handler(args))
@@ -195,22 +267,33 @@ async def _run(args: argparse.Namespace) -> int:
     path = config.config_path(args.config)
     settings = config.load(path)
     recent = RecentErrors()
-    logs.configure(sys.stdout, processors=[recent.processor])
+    configure_logs(args, sys.stdout, processors=[recent.processor])
     stop, reload = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
-    daemon = Daemon(settings, config_path=path, recent=recent)
+    daemon = Daemon(settings, config_path=path, recent=recent, restore=not args.no_restore)
     await daemon.run(stop, reload)
     return EXIT_UNSTORED if daemon.unstored else 0
 
 
 async def _status(args: argparse.Namespace) -> int:
     from traind.status.client import status_command
+    from traind.status.locate import locate
 
-    settings = _settings(args)
-    return await status_command(settings.status.listen, args.json, args.watch)
+    if args.url or args.socket:
+        listen = args.url or f"unix:{args.socket.absolute()}"
+        return await status_command(listen, args.json, args.watch)
+    path = config.config_path(args.config)
+    try:
+        listen = config.load(path).status.listen
+    except ConfigError as exc:  # a bad edit must not hide the daemon still running
+        listen, origin = locate(path)
+        print(f"traind: {path} is not a valid config ({len(exc.problems)} problem(s): "
+              f"traind check-config -c {path}); asking {listen}, {origin}", file=sys.stderr)
+        return await status_command(listen, args.json, args.watch, found=origin)
+    return await status_command(listen, args.json, args.watch)
 
 
 async def _check_config(args: argparse.Namespace) -> int:
@@ -291,7 +374,6 @@ def _age(seconds: float) -> str:
 
 
 async def _pull(args: argparse.Namespace) -> int:
-    from traind.checkpoints.manifest import Manifest
     from traind.checkpoints.restore import find, restore, restore_newest
     from traind.errors import IntegrityError
     from traind.progress import Progress, shown
@@ -299,6 +381,12 @@ async def _pull(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
+    if args.dry_run:
+        try:
+            manifest = await find(storage, args.tag)
+        finally:
+            await storage.aclose()
+        return _show_pull_plan(manifest, args.dir, storage.describe)
 
     async def attempt(manifest: Manifest) -> Path:
         async with shown(Progress(manifest.total_bytes), f"pull {manifest.tag}") as progress:
@@ -324,6 +412,27 @@ async def _pull(args: argparse.Namespace) -> int:
         await storage.aclose()
     print(dest)
     return 0
+
+
+def _show_pull_plan(manifest: Manifest, parent: Path, backend: str) -> int:
+    """Print what ``pull --dry-run`` would fetch; refuse a destination a pull would refuse."""
+    from traind.units import format_size
+
+    dest = parent / manifest.tag
+    if dest.exists():
+        raise TraindError(f"{dest} already exists; a pull would refuse to overwrite it")
+    print(f"would fetch {manifest.tag} from {backend} into {dest}: {len(manifest.files)} "
+          f"files, {format_size(manifest.total_bytes)} (verified on arrival)")
+    _show_files([(f.path, f.size) for f in manifest.files])
+    return 0
+
+
+def _show_files(files: Sequence[tuple[str, int]]) -> None:
+    """One line per file: its size, human, then its relative path."""
+    from traind.units import format_size
+
+    for path, size in files:
+        print(f"  {format_size(size):>10}  {path}")
 
 
 async def _verify(args: argparse.Namespace) -> int:
@@ -374,11 +483,19 @@ async def _verify(args: argparse.Namespace) -> int:
 
 
 async def _push(args: argparse.Namespace) -> int:
-    from traind.checkpoints.push import push
+    from traind.checkpoints.push import plan, push
+    from traind.units import format_size
 
     settings = _settings(args)
+    if args.dry_run:
+        planned = await plan(settings, args.dir, args.tag)
+        print(f"would push {args.dir} as {planned.tag} to {planned.backend}: "
+              f"{len(planned.files)} files, {format_size(planned.total_bytes)}")
+        _show_files(planned.files)
+        return 0
     manifest = await push(settings, args.dir, args.tag)
-    print(f"{manifest.tag}: committed ({len(manifest.files)} files, {manifest.total_bytes} bytes)")
+    print(f"{manifest.tag}: committed ({len(manifest.files)} files, "
+          f"{format_size(manifest.total_bytes)})")
     return 0
 
 

@@ -89,6 +89,8 @@ class RunConfig(Section):
     output_dir: Directory = Field(description="where the trainer writes checkpoint-N/")
     state_dir: Directory = Path("/var/lib/traind")
     stop_timeout: Duration = 30.0
+    # At start, restore the newest committed checkpoint when output_dir holds none.
+    restore: bool = True
 
     @field_validator("name")
     @classmethod

@@ -5,9 +5,14 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import structlog
+
+FORMATS = ("json", "console")
+CLEAR_LINE = "\r\x1b[K"
+"""Written before each log line on a terminal: a progress bar drawn there (no newline yet) is
+wiped, so a log line never shares its line."""
 
 
 def configure(
@@ -23,11 +28,12 @@ def configure(
     ``processors`` run just before rendering (e.g. to keep recent errors for ``/status``).
     """
     out = stream or sys.stdout
-    as_json = not out.isatty() if json is None else json
+    tty = out.isatty()
+    as_json = not tty if json is None else json
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if as_json
-        else structlog.dev.ConsoleRenderer(colors=out.isatty())
+        else structlog.dev.ConsoleRenderer(colors=tty)
     )
     structlog.configure(
         processors=[
@@ -37,6 +43,7 @@ def configure(
             structlog.processors.format_exc_info,
             *processors,
             renderer,
+            *([_clear_line] if tty else []),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
@@ -44,3 +51,8 @@ def configure(
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+
+
+def _clear_line(_: Any, __: str, line: Any) -> Any:
+    """Start a rendered line on a terminal by wiping what a progress bar left there."""
+    return CLEAR_LINE + line

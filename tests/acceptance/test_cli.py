@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
 import socket
 import subprocess
 import sys
@@ -12,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.daemon import write_config
+from tests.support.daemon import DaemonProcess, write_config
+from tests.support.net import free_port
 from tests.support.requires import need_module
 
 COMMANDS = ["run", "check-config", "list", "pull", "verify", "push", "prune"]
@@ -255,3 +258,226 @@ def test_check_config_gives_up_on_a_store_that_never_answers(tmp_path: Path) -> 
     assert endpoint in result.stderr
     assert "Traceback" not in result.stderr
     assert took < 20
+
+
+def test_version_and_options_before_the_command(cfg: Path, tmp_path: Path) -> None:
+    """`traind --version` names the version; -c and the log options work before COMMAND as
+    after it (`traind -c x.toml list` was `invalid choice`)."""
+    version = traind("--version")
+    assert version.returncode == 0
+    assert re.fullmatch(r"traind \d+\.\d+\.\d+\S*\n", version.stdout)
+    before = traind("-c", str(cfg), "list")
+    assert before.returncode == 0, before.stderr
+    assert "no committed checkpoints" in before.stdout
+    src = make_ckpt(tmp_path / "src", 3)
+    loud = traind("-v", "--log-format", "console", "-c", str(cfg), "push", str(src))
+    assert loud.returncode == 0, loud.stderr
+    assert "checkpoint_committed" in loud.stderr
+    assert not loud.stderr.lstrip().startswith("{")  # console, not JSON
+    quiet = traind("-c", str(cfg), "-q", "pull", "latest", str(tmp_path / "back"))
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""  # info events (checkpoint_restored) are not shown
+    leveled = traind("verify", "-c", str(cfg), "--log-level", "WARNING")
+    assert leveled.returncode == 0, leveled.stderr
+    assert "checkpoint-3: OK" in leveled.stdout
+
+
+def test_results_on_stdout_logs_on_stderr(cfg: Path, tmp_path: Path) -> None:
+    """Piped, push, pull, check-config, verify and prune print results only on stdout
+    (no JSON log line in it, sizes human) and their log events as JSON lines on stderr."""
+    src = make_ckpt(tmp_path / "src", 4)
+    runs = {
+        "push": traind("push", "-c", str(cfg), str(src)),
+        "pull": traind("pull", "-c", str(cfg), "latest", str(tmp_path / "back")),
+        "check-config": traind("check-config", "-c", str(cfg)),
+        "verify": traind("verify", "-c", str(cfg)),
+        "prune": traind("prune", "-c", str(cfg)),
+    }
+    for name, result in runs.items():
+        assert result.returncode == 0, (name, result.stderr)
+        assert result.stdout.strip(), name
+        for line in result.stdout.splitlines():
+            assert not line.lstrip().startswith("{"), (name, line)
+        for line in result.stderr.splitlines():
+            assert isinstance(json.loads(line), dict), (name, line)
+    assert runs["push"].stdout == "checkpoint-4: committed (3 files, 195.3 KiB)\n"
+    events = [json.loads(line)["event"] for line in runs["push"].stderr.splitlines()]
+    assert "checkpoint_committed" in events
+    assert "checkpoint_restored" in runs["pull"].stderr
+
+
+def screen_lines(raw: str) -> list[str]:
+    """What a terminal shows for ``raw``: carriage returns and erase-line (ESC [K) applied,
+    colours dropped, one string per line."""
+    shown = []
+    for row in re.sub(r"\x1b\[[0-9;]*m", "", raw).replace("\r\n", "\n").split("\n"):
+        line: list[str] = []
+        col = 0
+        for part in re.split(r"(\r|\x1b\[K)", row):
+            if part == "\r":
+                col = 0
+            elif part == "\x1b[K":
+                del line[col:]
+            else:
+                line[col:col + len(part)] = list(part)
+                col += len(part)
+        shown.append("".join(line))
+    return shown
+
+
+def on_a_terminal(*args: str, timeout: float = 120) -> tuple[int, str]:
+    """Run traind with stdout and stderr on a pty; its exit status and all it wrote."""
+    controller, terminal = os.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "traind", *args], stdin=subprocess.DEVNULL,
+                                stdout=terminal, stderr=terminal, start_new_session=True)
+        os.close(terminal)
+        terminal = -1
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:  # EIO: the process closed its end
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            elif proc.poll() is not None:
+                break
+        else:
+            proc.kill()
+        return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
+    finally:
+        os.close(controller)
+        if terminal >= 0:
+            os.close(terminal)
+
+
+def test_progress_bar_and_log_lines_never_share_a_line(cfg: Path, tmp_path: Path) -> None:
+    """On a TTY, push draws a progress bar and logs for people; no log line is shown on
+    the bar's line (was `... ETA 0s2026-12-01T08:22:57Z [info] checkpoint_committed`)."""
+    src = make_ckpt(tmp_path / "src", 9)
+    (src / "shards").mkdir()
+    for i in range(2000):  # one fsync each: the bar is drawn before checkpoint_committed
+        (src / "shards" / f"{i:04}.bin").write_bytes(os.urandom(1024))
+    code, raw = on_a_terminal("push", "-c", str(cfg), str(src))
+    assert code == 0, raw
+    assert "ETA" in raw.split("checkpoint_committed")[0], "no bar drawn mid-push: " + raw
+    lines = screen_lines(raw)
+    assert any("checkpoint_committed" in line for line in lines), raw
+    for line in lines:
+        assert not ("ETA" in line and "[info" in line), line
+    assert "checkpoint-9: committed (2003 files, 2.1 MiB)" in lines
+
+
+def test_push_and_pull_dry_run_touch_nothing(cfg: Path, tmp_path: Path) -> None:
+    """push --dry-run lists what would be sent with sizes and stores nothing (no state_dir
+    either); pull --dry-run names what would be fetched and downloads nothing."""
+    src = make_ckpt(tmp_path / "src", 5)
+    dry = traind("push", "-c", str(cfg), "--dry-run", str(src))
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[0].startswith(f"would push {src} as checkpoint-5 to ")
+    assert "3 files, 195.3 KiB" in dry.stdout
+    assert "195.3 KiB  model.safetensors" in dry.stdout
+    assert "10 B  sub/extra.pt" in dry.stdout
+    assert json.loads(traind("list", "-c", str(cfg), "--json").stdout) == []
+    assert not (tmp_path / "state").exists()
+    assert traind("push", "-c", str(cfg), str(src)).returncode == 0
+    again = traind("push", "-c", str(cfg), "--dry-run", str(src))
+    assert again.returncode == 1
+    assert "checkpoint-5 is already committed" in again.stderr
+    back = tmp_path / "back"
+    pulled = traind("pull", "-c", str(cfg), "--dry-run", "latest", str(back))
+    assert pulled.returncode == 0, pulled.stderr
+    assert pulled.stdout.splitlines()[0].startswith(
+        f"would fetch checkpoint-5 from local:{tmp_path / 'store'}"
+    )
+    assert f"into {back / 'checkpoint-5'}: 3 files, 195.3 KiB" in pulled.stdout
+    assert "195.3 KiB  model.safetensors" in pulled.stdout
+    assert not back.exists()
+    (back / "checkpoint-5").mkdir(parents=True)
+    refused = traind("pull", "-c", str(cfg), "--dry-run", "checkpoint-5", str(back))
+    assert refused.returncode == 1
+    assert "already exists" in refused.stderr
+
+
+@pytest.mark.parametrize("how", ["--no-restore", "run.restore = false"])
+def test_run_without_restore_leaves_output_dir_empty(cfg: Path, tmp_path: Path, how: str) -> None:
+    """`traind run --no-restore`, or run.restore = false, starts on an empty output_dir
+    without restoring the store's newest checkpoint into it."""
+    assert traind("push", "-c", str(cfg), str(make_ckpt(tmp_path / "src", 2))).returncode == 0
+    args: tuple[str, ...] = ()
+    if how == "--no-restore":
+        args = (how,)
+    else:
+        cfg.write_text(cfg.read_text().replace('stop_timeout = "10s"',
+                                               'stop_timeout = "10s"\nrestore = false'))
+    daemon = DaemonProcess(cfg, args=args)
+    try:
+        skipped = daemon.wait_for("restore_disabled", timeout=60)
+        assert skipped["output_dir"] == str(tmp_path / "out")
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert list((tmp_path / "out").iterdir()) == []
+    assert not daemon.named("checkpoint_restored")
+
+
+@pytest.mark.parametrize("bad_edit", ["key", "syntax"])
+def test_status_finds_the_daemon_when_the_config_is_broken(
+    cfg: Path, tmp_path: Path, bad_edit: str
+) -> None:
+    """After a bad edit of the config file, `traind status` still shows the running daemon
+    (at the address it published in state_dir); --url reaches it without the file; once it
+    stopped, status says where it looked, exit 3."""
+    port = int(re.findall(r"127\.0\.0\.1:(\d+)", cfg.read_text())[0])
+    published = tmp_path / "state/status.address"
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for("status_server_started", timeout=60)
+        deadline = time.monotonic() + 30  # written right after the server listens
+        while not published.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert published.read_text() == f"127.0.0.1:{port}\n"
+        good = cfg.read_text()
+        broken = good.replace("keep_last = 100", "keep_lats = 100") if bad_edit == "key" \
+            else good.replace("[retention]", "[retention")
+        # a different port in the file: only the published address finds the daemon
+        cfg.write_text(broken.replace(f"127.0.0.1:{port}", "127.0.0.1:1"))
+        shown = traind("status", "-c", str(cfg))
+        assert shown.returncode == 0, shown.stderr
+        assert "exp" in shown.stdout
+        assert f"{cfg} is not a valid config" in shown.stderr
+        assert f"asking 127.0.0.1:{port}, published in {published}" in shown.stderr
+        direct = traind("status", "--url", f"http://127.0.0.1:{port}", "--json",
+                        env={"TRAIND_CONFIG": str(tmp_path / "missing.toml")})
+        assert direct.returncode == 0, direct.stderr
+        assert isinstance(json.loads(direct.stdout), dict)
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    assert not published.exists()
+    gone = traind("status", "-c", str(cfg))
+    assert gone.returncode == 3
+    assert "no traind answering at 127.0.0.1:1" in gone.stderr
+    assert f"status.listen in {cfg}" in gone.stderr
+
+
+def test_status_url_and_socket_say_what_they_could_not_reach(tmp_path: Path) -> None:
+    """--socket and --url need no config file; nothing there: one line naming it, exit 3;
+    a --url that is not http://HOST:PORT is a usage error."""
+    sock = tmp_path / "status.sock"
+    nothing = {"TRAIND_CONFIG": str(tmp_path / "missing.toml")}
+    result = traind("status", "--socket", str(sock), env=nothing)
+    assert result.returncode == 3
+    assert f"no traind answering at unix:{sock}" in result.stderr
+    port = free_port()
+    result = traind("status", "--url", f"127.0.0.1:{port}", env=nothing)
+    assert result.returncode == 3
+    assert f"no traind answering at 127.0.0.1:{port}" in result.stderr
+    result = traind("status", "--url", "https://example.com/x", env=nothing)
+    assert result.returncode == 2
+    assert "write http://HOST:PORT" in result.stderr

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,13 @@ listen = "127.0.0.1:{port}"
 class DaemonProcess:
     """``traind run -c CONFIG`` in its own process group, with its events collected."""
 
-    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()
+    ) -> None:
         self.config = config
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "traind", "run", "-c", str(config)],
+            [sys.executable, "-m", "traind", "run", "-c", str(config), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=full_env,

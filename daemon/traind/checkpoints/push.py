@@ -6,8 +6,11 @@ manual push is verified and journalled exactly like one the daemon found itself.
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 
+from traind.checkpoints import snapshot
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest
@@ -16,27 +19,53 @@ from traind.checkpoints.watcher import StageResult, parse_step
 from traind.config import Settings
 from traind.errors import TraindError
 from traind.progress import Progress, shown
+from traind.storage.base import Storage
 from traind.storage.factory import open_storage
 from traind.storage.keys import check_tag
 
 
+@dataclass(frozen=True)
+class PushPlan:
+    """What ``push`` would send: the tag, each file's relative path and size, the store."""
+
+    tag: str
+    files: tuple[tuple[str, int], ...]
+    backend: str
+
+    @property
+    def total_bytes(self) -> int:
+        """The bytes the push would upload."""
+        return sum(size for _, size in self.files)
+
+
+async def plan(settings: Settings, source: Path, tag: str | None = None) -> PushPlan:
+    """What pushing ``source`` would commit, refused as ``push`` would refuse it; reads the
+    directory and the store's manifests, writes nothing (``traind push --dry-run``)."""
+    tag, _ = _tag_and_step(source, tag)
+    entries = await asyncio.to_thread(snapshot.walk, source)
+    left_out = [rel for rel, path in entries if path == Path()]
+    if left_out:
+        raise TraindError(f"{source}: {', '.join(left_out)} would be left out: only regular "
+                          "files, and symlinks to them inside the checkpoint, are stored")
+    files = tuple((rel, path.stat().st_size) for rel, path in entries)
+    if not files:
+        raise TraindError(f"{source} holds no file to store")
+    storage = open_storage(settings.storage, settings.run.name)
+    try:
+        await _refuse_committed(storage, tag)
+    finally:
+        await storage.aclose()
+    return PushPlan(tag, files, storage.describe)
+
+
 async def push(settings: Settings, source: Path, tag: str | None = None) -> Manifest:
     """Snapshot, upload and commit ``source``; return its manifest."""
-    if not source.is_dir():
-        raise TraindError(f"{source} is not a directory")
-    tag = check_tag(tag or source.resolve().name)
-    step = parse_step(tag)
-    if step is None:
-        raise TraindError(f"cannot read a step number from tag {tag!r}; pass --tag checkpoint-N")
+    tag, step = _tag_and_step(source, tag)
     state_dir = settings.run.state_dir
     storage = open_storage(settings.storage, settings.run.name)
     journal = Journal.in_state_dir(state_dir, RunIdentity.of(settings, storage))
     try:
-        if any(m.tag == tag for m in await storage.manifests()):
-            raise TraindError(
-                f"{tag} is already committed in {storage.describe}; a push never replaces a "
-                "committed checkpoint: pass --tag to commit this one under another name"
-            )
+        await _refuse_committed(storage, tag)
         streamer = Streamer(settings.run.name, state_dir, storage, journal)
         if await streamer.stage(tag, step, source, whole=True) is not StageResult.STAGED:
             raise TraindError(f"{source} could not be snapshot: {streamer.stage_errors[tag]}")
@@ -48,3 +77,23 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
     finally:
         await storage.aclose()
         journal.close()
+
+
+def _tag_and_step(source: Path, tag: str | None) -> tuple[str, int]:
+    """The tag to push ``source`` under and its step; TraindError when there is none."""
+    if not source.is_dir():
+        raise TraindError(f"{source} is not a directory")
+    tag = check_tag(tag or source.resolve().name)
+    step = parse_step(tag)
+    if step is None:
+        raise TraindError(f"cannot read a step number from tag {tag!r}; pass --tag checkpoint-N")
+    return tag, step
+
+
+async def _refuse_committed(storage: Storage, tag: str) -> None:
+    """TraindError when ``tag`` is already committed: a push never replaces a checkpoint."""
+    if any(m.tag == tag for m in await storage.manifests()):
+        raise TraindError(
+            f"{tag} is already committed in {storage.describe}; a push never replaces a "
+            "committed checkpoint: pass --tag to commit this one under another name"
+        )

@@ -44,7 +44,8 @@ def add_launch_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     config_help = "launch.toml (default ./launch.toml; for actions, the one saved at launch)"
-    launch.add_argument("-c", "--config", metavar="PATH", type=path_arg, help=config_help)
+    launch.add_argument("-c", "--config", metavar="PATH", type=path_arg, help=config_help,
+                        default=argparse.SUPPRESS)  # keeps a -c given before `launch`
     launch.add_argument("--name", help="launch name (default: name in launch.toml)")
     launch.add_argument("--detach", action="store_true", help="return once traind runs")
     actions = launch.add_subparsers(dest="launch_action", metavar="ACTION")
@@ -160,15 +161,29 @@ def _detach_on_sigint() -> asyncio.Event:
 
 def _list(store: LaunchStore) -> int:
     records: list[LaunchRecord] = [store.load(n) for n in store.names()]
+    if records:
+        print(f"{'NAME':24} {'BACKEND':7} {'INSTANCE':20} REMOTE_ROOT")
     for r in records:
-        print(f"{r.name:24} {r.handle.backend:6} {r.handle.instance_id:20} {r.remote_root}")
+        print(f"{r.name:24} {r.handle.backend:7} {r.handle.instance_id:20} {r.remote_root}")
     if not records:
         print(f"(no launches saved in {store.root})")
     return 0
 
 
 def _table(facts: dict[str, Any]) -> str:
-    return "\n".join(f"{k:15} {'-' if v is None or v == '' else v}" for k, v in facts.items())
+    return "\n".join(f"{k:15} {_fact(k, v)}" for k, v in facts.items())
+
+
+def _fact(key: str, value: Any) -> str:
+    """One value of ``launch status`` for people: a commit as tag, size and time."""
+    if value is None or value == "":
+        return "-"
+    if key == "last_commit" and isinstance(value, dict):
+        from traind.units import format_size
+
+        size = format_size(value["bytes"]) if isinstance(value.get("bytes"), int) else "?"
+        return f"{value.get('tag', '?')} ({size}) at {value.get('timestamp', '?')}"
+    return str(value)
 
 
 def _print(line: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,13 @@ log = structlog.get_logger("traind.launch")
 async def status(ctx: Context, record: LaunchRecord) -> dict[str, Any]:
     """The host's state, whether traind runs there, and the newest commit it logged."""
     host = await ctx.backend.status(record.handle)
+    since = record.handle.created_at or record.created_at  # the host's own uptime is not ours
+    uptime = time.time() - since if since else host.uptime_seconds
     facts: dict[str, Any] = {
         "name": record.name, "backend": record.handle.backend,
         "instance": record.handle.instance_id, "state": str(host.state),
         "gpu": host.gpu_name, "num_gpus": host.num_gpus,
-        "uptime_seconds": None if host.uptime_seconds is None else round(host.uptime_seconds),
+        "uptime_seconds": None if uptime is None else round(uptime),
         "endpoint": str(host.endpoint) if host.endpoint else None,
         "price_per_hour": record.handle.price_per_hour, "message": host.message,
         "service": record.service or None, "traind": "unknown", "last_commit": None,
@@ -42,8 +45,14 @@ async def status(ctx: Context, record: LaunchRecord) -> dict[str, Any]:
             facts["message"] = str(exc)
             return facts
         commits = [line for line in lines if log_event(line) == "checkpoint_committed"]
-        facts["last_commit"] = commits[-1] if commits else None
+        facts["last_commit"] = last_commit(commits[-1]) if commits else None
     return facts
+
+
+def last_commit(line: str) -> dict[str, Any]:
+    """The facts of a ``checkpoint_committed`` log line: tag, step, bytes, when, ..."""
+    event = json.loads(line)
+    return {k: v for k, v in event.items() if k not in ("event", "level", "logger")}
 
 
 async def logs(

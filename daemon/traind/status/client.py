@@ -61,10 +61,12 @@ async def fetch_status(listen: str) -> StatusSnapshot:
 
 
 async def status_command(
-    listen: str, as_json: bool, watch: float | None, out: TextIO | None = None
+    listen: str, as_json: bool, watch: float | None, out: TextIO | None = None,
+    found: str = "",
 ) -> int:
     """Print the daemon's status once (exit 0, or 3 when it is not running), or every
-    ``watch`` seconds until interrupted; errors go to stderr."""
+    ``watch`` seconds until interrupted; errors go to stderr, naming where the address was
+    ``found`` when it is not the config's."""
     out = out or sys.stdout
     redraw = watch is not None and not as_json and out.isatty()
     while True:
@@ -72,7 +74,8 @@ async def status_command(
             status = await fetch_status(listen)
         except TraindError as exc:
             if watch is None:
-                print(f"traind: {exc}", file=sys.stderr)
+                print(f"traind: {exc}" + (f" (address: {found})" if found else ""),
+                      file=sys.stderr)
                 return NOT_RUNNING if isinstance(exc, DaemonUnreachableError) else 1
             out.write(CLEAR if redraw else "")
             out.flush()

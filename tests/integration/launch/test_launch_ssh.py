@@ -259,7 +259,9 @@ def test_ssh_launch_train_detach_then_down(tmp_path: Path, sshd: SSHServer, stat
 
         facts, pulled = asyncio.run(status_then_down())
         assert (facts["state"], facts["traind"]) == ("running", "running")
-        assert committed(str(facts["last_commit"]))
+        last = facts["last_commit"]
+        assert isinstance(last, dict), last
+        assert last["tag"] == f"checkpoint-{last['step']}"
         assert pulled is not None
         assert pulled.parent == tmp_path / "pulled/tiny"
         assert (store_dir / pulled.name / "traind-manifest.json").exists()
