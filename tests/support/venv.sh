@@ -82,6 +82,7 @@ system_tools() {
     command -v rsync >/dev/null || missing+=(rsync)
     command -v ssh-keygen >/dev/null || missing+=(openssh-client)
     command -v systemd-analyze >/dev/null || missing+=(systemd)
+    command -v promtool >/dev/null || missing+=(prometheus)  # promtool check metrics
     [ ${#missing[@]} -gt 0 ] || return 0
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         _say "installing system packages: ${missing[*]}"
