@@ -113,6 +113,7 @@ class Observer:
         if child.restarts > self._restarts.get(child.name, 0):
             self.metrics.restarted(child.name)
         self._restarts[child.name] = child.restarts
+        self.metrics.child_in(child.name, child.state)
         self.announce()
 
     def _sent(self, nbytes: int) -> None:

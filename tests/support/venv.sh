@@ -82,14 +82,37 @@ system_tools() {
     command -v rsync >/dev/null || missing+=(rsync)
     command -v ssh-keygen >/dev/null || missing+=(openssh-client)
     command -v systemd-analyze >/dev/null || missing+=(systemd)
-    [ ${#missing[@]} -gt 0 ] || return 0
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        _say "installing system packages: ${missing[*]}"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-        return
+    if [ ${#missing[@]} -gt 0 ]; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            _say "installing system packages: ${missing[*]}"
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+                apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+                || return
+        else
+            echo "NOT INSTALLED (system packages, needs root): ${missing[*]}" >&2
+            echo "  install them with: sudo apt-get install ${missing[*]}" >&2
+            echo "  until then the tests that need them are skipped (they fail when CI=true)" >&2
+        fi
     fi
-    echo "NOT INSTALLED (system packages, needs root): ${missing[*]}" >&2
-    echo "  install them with: sudo apt-get install ${missing[*]}" >&2
-    echo "  until then the tests that need them are skipped (they fail when CI=true)" >&2
+    command -v promtool >/dev/null || _promtool
+}
+
+_promtool() {
+    # For `promtool check metrics`. Debian ships it only in prometheus, whose install would also
+    # enable and start a Prometheus server: take the one program out of the package instead.
+    local tmp ok=1
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        _say "installing promtool (from Debian's prometheus package) as /usr/local/bin/promtool"
+        tmp="$(mktemp -d)"
+        if (cd "$tmp" && { apt-get download -qq prometheus \
+                || { apt-get update -qq && apt-get download -qq prometheus; }; } \
+                && dpkg-deb -x prometheus_*.deb root) >/dev/null 2>&1; then
+            install -m 0755 "$tmp/root/usr/bin/promtool" /usr/local/bin/promtool && ok=0
+        fi
+        rm -rf "$tmp"
+        [ "$ok" = 0 ] && return 0
+    fi
+    echo "NOT INSTALLED: promtool (Debian package prometheus)" >&2
+    echo "  install it with: sudo apt-get install prometheus (or put any promtool on PATH)" >&2
+    echo "  until then the test that needs it is skipped (it fails when CI=true)" >&2
 }

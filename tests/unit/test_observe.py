@@ -103,3 +103,23 @@ def test_dropped_checkpoints_are_counted_and_listed() -> None:
     status = observer.snapshot()
     assert [d["tag"] for d in status["dropped"]] == ["checkpoint-1", "checkpoint-2"]
     assert "dropped    2 not stored" in render(status)
+
+
+def test_child_gauges_follow_state_changes() -> None:
+    """traind_child_up is 1 only while a child is RUNNING, and traind_child_state marks the
+    state it is in, from its first state change on."""
+    streamer: Any = SimpleNamespace(queued=0, current=None)
+    observer = Observer("run", streamer, lambda: "local", lambda: 0)
+    trainer = ChildStatus("trainer", "trainer", "STARTING", None, 0, 0, None, 0.0, None)
+
+    def current() -> tuple[float, list[str]]:
+        up = samples(observer, "traind_child_up")[(("child", "trainer"),)]
+        states = samples(observer, "traind_child_state")
+        return up, [dict(k)["state"] for k, v in states.items() if v == 1]
+
+    observer.child_changed(trainer)
+    assert current() == (0, ["STARTING"])
+    observer.child_changed(replace(trainer, state="RUNNING", pid=7, starts=1))
+    assert current() == (1, ["RUNNING"])
+    observer.child_changed(replace(trainer, state="BACKOFF", starts=1))
+    assert current() == (0, ["BACKOFF"])

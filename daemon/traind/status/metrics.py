@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from traind import __version__
+from traind.supervisor.process import State
 
 # Commits take from seconds (a LoRA adapter) to most of an hour (a 70B model over a WAN).
 COMMIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
@@ -22,6 +34,9 @@ class Metrics:
     """
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        # The ``*_created`` series (a counter's creation time) double the page and nobody
+        # graphs them; the switch is prometheus_client's own, for the whole process.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         self._clock = clock
         self._last_commit: float | None = None
@@ -72,6 +87,18 @@ class Metrics:
         self.last_commit_timestamp = Gauge(
             "traind_last_commit_timestamp_seconds", "Unix time of the newest commit.", registry=r
         )
+        self.child_up = Gauge(
+            "traind_child_up", "1 while the supervised child is RUNNING (ready), else 0.",
+            ["child"], registry=r,
+        )
+        self.child_state = Gauge(
+            "traind_child_state",
+            "The supervised child's state: 1 for the one it is in, 0 for the others.",
+            ["child", "state"], registry=r,
+        )
+        Info("traind_build", "The running traind: its version and Python's.", registry=r).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
         r.register(_SinceLastCommit(self))
 
     def committed(self, step: int, nbytes: int, seconds: float) -> None:
@@ -110,6 +137,12 @@ class Metrics:
     def storage_retried(self, backend: str) -> None:
         """A store operation of ``backend`` (s3, ssh) is being retried."""
         self.storage_retries.labels(backend=backend).inc()
+
+    def child_in(self, child: str, state: str) -> None:
+        """The supervised ``child`` is now in ``state`` (one of ``process.State``)."""
+        self.child_up.labels(child=child).set(1 if state == State.RUNNING else 0)
+        for s in State:
+            self.child_state.labels(child=child, state=s.value).set(1 if s == state else 0)
 
     def add_child(self, child: str) -> None:
         """Export ``child``'s restart counter at 0 before its first restart."""

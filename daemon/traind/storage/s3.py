@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -87,7 +86,6 @@ class S3Backend:
         # Bounds files in flight (each holds an open multipart upload); parts are bounded
         # by the buffer pool, shared by all files.
         files_in_flight = asyncio.Semaphore(cfg.concurrency)
-        started = time.monotonic()
 
         async def one(f: LocalFile) -> None:
             async with files_in_flight:
@@ -102,10 +100,6 @@ class S3Backend:
         finally:
             if direct is not None:
                 direct.close()
-        seconds = time.monotonic() - started
-        nbytes = sum(f.size for f in files)
-        log.info("s3_uploaded", tag=tag, files=len(files), bytes=nbytes,
-                 seconds=round(seconds, 3), mb_per_s=round(nbytes / 1e6 / max(seconds, 1e-9), 1))
 
     async def _honours_conditional(self, ops: Ops) -> bool:
         if self._conditional is None:
@@ -140,8 +134,6 @@ class S3Backend:
             found = await self._read_manifest(ops, manifest.tag)
             check_committed(manifest.tag, manifest.writer, found, self._where(manifest.tag))
             await s3_claim.put_new(ops, key, body, conditional=False)
-        log.info("s3_committed", tag=manifest.tag, files=len(manifest.files),
-                 bytes=manifest.total_bytes)
 
     async def manifests(self) -> list[Manifest]:
         ops = await self._client()
@@ -187,7 +179,6 @@ class S3Backend:
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         ops = await self._client()
         hashes: dict[str, str] = {}
-        started = time.monotonic()
         # Ranged GETs received straight into buffers; None (proxies, TRAIND_S3_DIRECT=0):
         # through aiobotocore.
         direct = direct_client(ops, self._config.connect_timeout)
@@ -218,10 +209,6 @@ class S3Backend:
         finally:
             if direct is not None:
                 direct.close()
-        seconds = time.monotonic() - started
-        log.info("s3_downloaded", tag=manifest.tag, files=len(manifest.files),
-                 bytes=manifest.total_bytes, seconds=round(seconds, 3),
-                 mb_per_s=round(manifest.total_bytes / 1e6 / max(seconds, 1e-9), 1))
         return hashes
 
     async def delete(self, tag: str) -> None:

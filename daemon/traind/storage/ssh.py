@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import posixpath
 import secrets
-import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -81,7 +80,6 @@ class SSHBackend:
         ``session.file_done`` as each file is durably in place."""
         base = self._tag_dir(tag)
         remote = {f.path: posixpath.join(base, check_relpath(f.path)) for f in files}
-        started = time.monotonic()
         dirs = parents([*remote.values(), posixpath.join(base, MANIFEST_NAME)])
         await self._link.call(f"create {base}", lambda sftp: makedirs(sftp, dirs))
         if self._config.transfer == "rsync":
@@ -98,13 +96,6 @@ class SSHBackend:
             async with task_group() as tg:
                 for f in files:
                     tg.create_task(one(f))
-        seconds = time.monotonic() - started
-        nbytes = sum(f.size for f in files)
-        log.info(
-            "ssh_upload_done", tag=tag, files=len(files), bytes=nbytes,
-            seconds=round(seconds, 3), mb_per_s=round(nbytes / 1e6 / max(seconds, 1e-6), 1),
-            transfer=self._config.transfer,
-        )
 
     async def _put(
         self, local: Path, remote: str, size: int, advance: Advance

@@ -72,6 +72,7 @@ class ManagedProcess:
         self.config = config
         self.role = role
         self.state = State.EXITED
+        self._changed = False
         self.pid: int | None = None
         self.returncode: int | None = None
         self.last_exit: int | None = None
@@ -108,15 +109,22 @@ class ManagedProcess:
         """Record a state change and tell the callback."""
         if state is self.state:
             return
-        self._log.info("child_state", state=state.value, previous=self.state.value, pid=self.pid)
+        # Before its first change a child never ran: its initial EXITED is no previous state.
+        previous = {"previous": self.state.value} if self._changed else {}
+        self._log.info("child_state", state=state.value, pid=self.pid, **previous)
         self.state = state
+        self._changed = True
         if self._on_state is not None:
             self._on_state(self.name, state)
 
     async def start(
-        self, argv: Sequence[str] | None = None, extra_env: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        facts: Mapping[str, object] | None = None,
     ) -> int:
-        """Spawn ``argv`` (default: the configured command); return its pid.
+        """Spawn ``argv`` (default: the configured command); return its pid. ``facts`` are
+        added to its ``child_started`` event.
 
         Raise SupervisorError when it cannot be executed (missing binary, bad cwd).
         """
@@ -151,7 +159,7 @@ class ManagedProcess:
         self.pid = transport.get_pid()
         self._tree = ProcessTree(self.pid, tag)
         self._tracker = asyncio.create_task(self._track(self._tree))
-        self._log.info("child_started", pid=self.pid, argv=list(argv))
+        self._log.info("child_started", pid=self.pid, argv=list(argv), **(facts or {}))
         return self.pid
 
     async def wait(self) -> int:

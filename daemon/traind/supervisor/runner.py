@@ -26,10 +26,12 @@ Jitter = Callable[[], float]
 
 @dataclass(frozen=True)
 class Launch:
-    """What one start runs: the argv and environment additions."""
+    """What one start runs: the argv, environment additions, and the facts its
+    ``child_started`` event carries (e.g. the trainer's ``resume_from``)."""
 
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+    facts: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,7 @@ class ChildRunner:
 
     async def _run_once(self, launch: Launch) -> tuple[str, int | None, float]:
         try:
-            await self.process.start(launch.argv, launch.env)
+            await self.process.start(launch.argv, launch.env, launch.facts)
         except SupervisorError:
             return "start_failed", None, 0.0
         self.starts += 1

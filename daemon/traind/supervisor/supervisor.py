@@ -153,7 +153,6 @@ class Supervisor:
         if runner is self.vllm:
             self._vllm_restarted(runner.state)
         if runner is self.trainer and runner.outcome == "finished" and not self.finished.is_set():
-            log.info("run_finished")
             self.finished.set()
         self._notify()
         if self._on_change is not None:

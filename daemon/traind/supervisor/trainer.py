@@ -107,11 +107,10 @@ class TrainerRunner(ChildRunner):
         env = {"TRAIND_HEARTBEAT": str(self.heartbeat), ACK_DIR_ENV: str(self.ack_dir)}
         if checkpoint is not None:
             env["TRAIND_RESUME_FROM"] = str(checkpoint)
-        self._log.info("trainer_launch", resume_from=str(checkpoint) if checkpoint else None,
-                       first=first)
         self._progress = time.monotonic()
         self._stepping = self._slow_phase = False
-        return Launch(resume_argv(self.config.command, checkpoint), env)
+        resume = {"resume_from": str(checkpoint) if checkpoint else None}
+        return Launch(resume_argv(self.config.command, checkpoint), env, resume)
 
     async def _checkpoint(self) -> Path | None:
         if self._resume_from is None:

@@ -67,13 +67,15 @@ def test_fault_mid_run_resumes_from_committed(tmp_path: Path, fault: str) -> Non
     assert resumed[0] == "None"
     assert resumed[1].startswith(str(out / "checkpoint-"))
     resume_tag = Path(resumed[1]).name
-    events = [e.get("event") for e in daemon.events]
     complete_at = next(
         i
         for i, e in enumerate(daemon.events)
         if e.get("event") == "checkpoint_complete" and e["tag"] == resume_tag
     )
-    relaunched_at = [i for i, name in enumerate(events) if name == "trainer_launch"][1]
+    relaunched_at = [
+        i for i, e in enumerate(daemon.events)
+        if e.get("event") == "child_started" and e.get("child") == "trainer"
+    ][1]
     assert complete_at < relaunched_at  # it resumed from a checkpoint already complete
     assert not daemon.named("checkpoint_rewritten")  # and saved none of them again
     assert final_step(out) == 6

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import platform
 import socket
+import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.net import free_port
+from tests.support.requires import need_binary
 
+from traind import __version__
 from traind.errors import TraindError
 from traind.status import model
 from traind.status.address import TCPAddress, UnixAddress, parse_listen
@@ -69,7 +73,8 @@ def sample() -> model.StatusSnapshot:
 
 
 def recorded() -> Metrics:
-    """Metrics after two commits, some bytes, one restart and a queue of 3."""
+    """Metrics after two commits, some bytes, one restart, a queue of 3, a RUNNING trainer
+    and a vLLM in BACKOFF."""
     clock = [NOW]
     metrics = Metrics(clock=lambda: clock[0])
     metrics.uploaded(1000)
@@ -78,6 +83,8 @@ def recorded() -> Metrics:
     metrics.committed(300, 2500, 40.0)
     metrics.restarted("trainer")
     metrics.add_child("vllm")
+    metrics.child_in("trainer", "RUNNING")
+    metrics.child_in("vllm", "BACKOFF")
     metrics.set_queue_depth(lambda: 3)
     clock[0] = NOW + 90
     return metrics
@@ -137,6 +144,35 @@ async def test_metrics_show_what_was_recorded(server: StatusServer) -> None:
     assert got[("traind_last_committed_step", ())] == 300
     assert got[("traind_last_commit_timestamp_seconds", ())] == NOW
     assert got[("traind_seconds_since_last_commit", ())] == 90
+
+
+async def test_metrics_name_the_build_and_each_child_state(server: StatusServer) -> None:
+    """/metrics has traind_build_info{version,python}, traind_child_up and a one-hot
+    traind_child_state per child, and no *_created series."""
+    _, _, body = await get(f"http://{server.address}/metrics")
+    got = samples(body)
+    build = (("python", platform.python_version()), ("version", __version__))
+    assert got[("traind_build_info", build)] == 1
+    assert got[("traind_child_up", (("child", "trainer"),))] == 1
+    assert got[("traind_child_up", (("child", "vllm"),))] == 0
+    states = {labels: v for (name, labels), v in got.items() if name == "traind_child_state"}
+    assert len(states) == 2 * 6
+    assert {dict(k)["child"]: dict(k)["state"] for k, v in states.items() if v == 1} == {
+        "trainer": "RUNNING", "vllm": "BACKOFF",
+    }
+    assert not [name for name, _ in got if name.endswith("_created")]
+    assert "_created" not in body
+
+
+async def test_promtool_finds_nothing_to_complain_about(server: StatusServer) -> None:
+    """``promtool check metrics`` accepts the page as served (names, units, help, types)."""
+    promtool = need_binary("promtool")
+    _, _, body = await get(f"http://{server.address}/metrics")
+    done = await asyncio.to_thread(
+        subprocess.run, [promtool, "check", "metrics"], input=body, capture_output=True,
+        text=True, timeout=30, check=False,
+    )
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
 
 def test_no_commit_yet_means_no_age() -> None:

@@ -40,12 +40,15 @@ async def test_round_trip(
     transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint,
     store: Store, remote: Path, tmp_path: Path,
 ) -> None:
-    """Upload, commit, list, download-and-verify and delete a checkpoint, manifest last/first."""
+    """Upload, commit, list, download-and-verify and delete a checkpoint, manifest last/first;
+    the upload logs no event of its own (checkpoint_committed is that fact's one event)."""
     backend = make_backend(sshd, transfer=transfer)
     root, files = checkpoint("checkpoint-7", CONTENTS)
     tag_dir = remote / "store" / "run1" / "checkpoint-7"
     async with asyncio.timeout(30):
-        manifest = await store(backend, "checkpoint-7", root, files)
+        with capture_logs() as logs:
+            manifest = await store(backend, "checkpoint-7", root, files)
+        assert "ssh_upload_done" not in {e["event"] for e in logs}
 
         assert {p.relative_to(tag_dir).as_posix(): p.read_bytes()
                 for p in tag_dir.rglob("*") if p.is_file()} == {**CONTENTS, MANIFEST_NAME: (

@@ -246,3 +246,26 @@ async def test_failing_resume_lookup_is_a_failed_start(tmp_path: Path) -> None:
     failed = [e for e in logs if e["event"] == "child_start_failed"]
     assert len(failed) == 2
     assert "store unreachable" in failed[0]["error"]
+
+
+async def test_one_event_per_start_and_no_state_before_the_first(tmp_path: Path) -> None:
+    """Each trainer start is one child_started carrying resume_from (no trainer_launch), its
+    first child_state names no previous state, and a finished run logs no run_finished."""
+    checkpoints = iter([None, tmp_path / "out" / "checkpoint-5"])
+
+    async def resume_from() -> Path | None:
+        return next(checkpoints)
+
+    sup = Supervisor(state_dir=tmp_path / "state", trainer=trainer(tmp_path, "crash-once"),
+                     resume_from=resume_from)
+    with capture_logs() as logs:
+        async with asyncio.timeout(30):
+            assert await sup.run() == "finished"
+    names = {e["event"] for e in logs}
+    assert not names & {"trainer_launch", "run_finished"}
+    started = [e for e in logs if e["event"] == "child_started"]
+    assert [e["resume_from"] for e in started] == [None, str(tmp_path / "out" / "checkpoint-5")]
+    states = [e for e in logs if e["event"] == "child_state"]
+    assert "previous" not in states[0]
+    assert states[0]["state"] == "STARTING"
+    assert all("previous" in e for e in states[1:])
