@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Manifest, Writer
 from traind.checkpoints.restore import restore
 from traind.checkpoints.streamer import Streamer
-from traind.errors import ConflictError, TransientStorageError
+from traind.errors import ClaimHeldError, ConflictError, TransientStorageError
 from traind.storage.base import Storage
 
 
@@ -56,19 +57,29 @@ async def side(tmp_path: Path, name: str, store: Storage, steps: int) -> Side:
     return made
 
 
-async def race(tmp_path: Path, stores: tuple[Storage, Storage], steps: int = 3) -> list[Side]:
+async def race(tmp_path: Path, stores: tuple[Storage, Storage], steps: int = 3,
+               wait_held: float = 60.0) -> list[Side]:
     """Writers ``a`` and ``b`` (one store object each) commit checkpoint-1..``steps``,
-    each tag by both at once; return both sides (journals closed by ``close``)."""
+    each tag by both at once; return both sides (journals closed by ``close``). A tag
+    another writer's claim holds uncommitted is retried for up to ``wait_held`` seconds."""
     sides = [await side(tmp_path, name, store, steps)
              for name, store in zip("ab", stores, strict=True)]
 
     async def commit(who: Side, tag: str) -> None:
-        for _ in range(5):  # as the streamer's loop does: a transient failure is retried
+        held_until = time.monotonic() + wait_held
+        transient = 0
+        while transient < 5:  # as the streamer's loop does: a transient failure is retried
             try:
                 who.outcome[tag] = await who.streamer.commit(tag)
                 return
+            except ClaimHeldError as exc:  # the other's upload under way: wait for it
+                who.outcome[tag] = exc
+                if time.monotonic() > held_until:
+                    return
+                await asyncio.sleep(0.1)
             except TransientStorageError as exc:
                 who.outcome[tag] = exc
+                transient += 1
                 await asyncio.sleep(random.uniform(0.05, 0.3))
             except Exception as exc:  # recorded, asserted by the caller
                 who.outcome[tag] = exc

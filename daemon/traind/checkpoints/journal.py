@@ -349,14 +349,15 @@ class Journal:
             ],
         )
 
-    async def begin_upload(self, tag: str, backend: str) -> None:
-        """Mark the backend ``tag`` goes to; a different backend than before starts over."""
+    async def begin_upload(self, tag: str, backend: str, fresh: bool = False) -> None:
+        """Mark the backend ``tag`` goes to; a different backend than before, or ``fresh``
+        (the store holds nothing of it: its claim was taken over), starts over."""
         entry = await self.get(tag)
         ops: list[tuple[str, Sequence[Any]]] = [
             ("UPDATE checkpoints SET backend = ? WHERE run = ? AND tag = ?",
              (backend, self._key, tag))
         ]
-        if entry is not None and entry.backend not in (None, backend):
+        if fresh or (entry is not None and entry.backend not in (None, backend)):
             ops += [
                 ("UPDATE files SET sha256 = NULL WHERE run = ? AND tag = ?", (self._key, tag)),
                 ("DELETE FROM resume WHERE run = ? AND tag = ?", (self._key, tag)),

@@ -12,15 +12,18 @@ remains (two withdrawn writers both retry later).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from traind.checkpoints.manifest import Writer
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.claim import check_claim
+from traind.storage.claim import Lease, check_claim, check_lease, is_claim_file
+from traind.storage.keys import CLAIM_NAME
 from traind.storage.s3_client import Ops
 from traind.storage.s3_errors import error_code
 
@@ -82,23 +85,30 @@ async def honours_conditional(ops: Ops, prefix: str) -> bool:
     return honoured
 
 
+async def lease(ops: Ops, base: str) -> Lease | None:
+    """The claim on the tag under ``base``, or None when there is none."""
+    data = await get(ops, base + CLAIM_NAME)
+    return Lease.from_json(data) if data is not None else None
+
+
 async def claim(ops: Ops, base: str, tag: str, writer: Writer, conditional: bool,
                 where: str) -> bool:
     """Take the tag whose objects live under ``base`` (``.../<tag>/``) for ``writer``;
     return True when this call took it, False when ``writer`` held it already. Raise
-    ConflictError when another writer holds it."""
-    key = base + "traind-writer.json"
+    ClaimHeldError when another writer holds it (the caller looks for its manifest)."""
+    key = base + CLAIM_NAME
+    body = Lease.new(writer).to_json()
     if conditional:
-        if await put_new(ops, key, writer.to_json(), conditional=True):
+        if await put_new(ops, key, body, conditional=True):
             return True
-    elif (data := await get(ops, key)) is None:
+    elif await get(ops, key) is None:
         await _claim_listed(ops, base, tag, writer, where)
-        await put_new(ops, key, writer.to_json(), conditional=False)
+        await put_new(ops, key, body, conditional=False)
         return True
-    data = await get(ops, key)
-    if data is None:  # taken and pruned meanwhile: the next attempt finds it free
+    found = await lease(ops, base)
+    if found is None:  # taken and pruned meanwhile: the next attempt finds it free
         raise TransientStorageError(f"{tag}: the claim in {where} vanished; retrying")
-    check_claim(tag, writer, Writer.from_json(data), where)
+    check_lease(tag, writer, found, None, where)
     return False
 
 
@@ -122,3 +132,36 @@ async def _claimants(ops: Ops, base: str, writer: Writer) -> list[Writer]:
             if data is not None:
                 others.append(Writer.from_json(data))
     return others
+
+
+async def take_over(ops: Ops, base: str, stale: Lease, writer: Writer, conditional: bool,
+                    delete_batch: Callable[[list[str]], Awaitable[None]]) -> bool:
+    """Remove the stale claim ``stale`` and every object of its writer under ``base``
+    (multipart uploads under way too); return False when another writer takes it over or
+    it was renewed. Without conditional writes two takers at one instant may both go on:
+    the claim after it is then decided by the listing protocol."""
+    if not await put_new(ops, base + stale.marker, writer.to_json(), conditional):
+        return False
+    if await lease(ops, base) != stale:  # renewed meanwhile: its writer lives
+        await ops.call("delete_object", base + stale.marker)
+        return False
+    markers: dict[str, Any] = {}
+    while True:
+        page = await ops.call("list_multipart_uploads", Prefix=base, **markers)
+        for upload in page.get("Uploads", []):
+            with contextlib.suppress(StorageError):  # finished or aborted meanwhile
+                await ops.call("abort_multipart_upload", upload["Key"],
+                               UploadId=upload["UploadId"])
+        if not page.get("IsTruncated"):
+            break
+        markers = {"KeyMarker": page["NextKeyMarker"],
+                   "UploadIdMarker": page["NextUploadIdMarker"]}
+    while True:
+        page = await ops.call("list_objects_v2", Prefix=base, MaxKeys=1000)
+        keys = [k for obj in page.get("Contents", [])
+                if not is_claim_file((k := str(obj["Key"]))[len(base):])]
+        if not keys:
+            break
+        await delete_batch(keys)
+    await ops.call("delete_object", base + CLAIM_NAME)
+    return True
