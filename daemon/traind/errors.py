@@ -67,10 +67,11 @@ class ClaimHeldError(ConflictError):
         super().__init__(tag, ours, str(lease.writer), where)
         self.lease = lease
         at = f" in {where}" if where else ""
+        renewed = f"renewed {lease.age():.0f}s ago" if lease.renewed_at else "released"
         self.args = (
             f"{tag}{at} belongs to writer {lease.writer}, not to this one ({ours}): its "
-            f"upload is not committed (claim renewed {lease.age():.0f}s ago); waiting for it "
-            "to commit or for its claim to go stale",
+            f"upload is not committed (claim {renewed}); waiting for it to commit or for "
+            "its claim to go stale",
         )
 
 
