@@ -70,8 +70,9 @@ class ClaimHeldError(ConflictError):
         renewed = f"renewed {lease.age():.0f}s ago" if lease.renewed_at else "released"
         self.args = (
             f"{tag}{at} belongs to writer {lease.writer}, not to this one ({ours}): its "
-            f"upload is not committed (claim {renewed}); waiting for it to commit or for "
-            "its claim to go stale",
+            f"upload is not committed (claim {renewed}); this one is stored once that "
+            "writer commits (a conflict then) or stops renewing its claim for "
+            "storage.claim_ttl (taken over then)",
         )
 
 

@@ -282,9 +282,9 @@ class Streamer:
             "checkpoint_conflict", tag=exc.tag, ours=exc.ours, theirs=exc.theirs,
             theirs_committed=exc.committed is not None, backend=self.storage.describe,
             kept=str(self.staging / exc.tag),
-            hint="another traind with the same run.name writes to this store (or its "
-                 "upload of this tag never finished); this checkpoint is not stored there "
-                 "and its local copy is kept: give each run its own run.name",
+            hint="another traind with the same run.name writes to this store (or took "
+                 "this tag over from this one); this checkpoint is not stored there and "
+                 "its local copy is kept: give each run its own run.name",
         )
 
     async def _same(self, tag: str, manifest: Manifest) -> bool:
