@@ -176,6 +176,7 @@ class Streamer:
             except ClaimHeldError as exc:
                 self._wait_for_claim(tag, exc.lease)  # still pending
             except ConflictError:
+                self.held.pop(tag, None)
                 self._failures.pop(tag, None)
                 self._pending.discard(tag)  # never retried: the tag is another writer's
             except (StorageError, OSError) as exc:
@@ -255,6 +256,7 @@ class Streamer:
             raise TraindError(f"{tag} is being uploaded; it cannot be dropped")
         self._pending.discard(tag)  # first, so the upload loop cannot pick it up meanwhile
         self._failures.pop(tag, None)
+        self.held.pop(tag, None)
         if not self._pending:
             self._idle.set()
         # The space before the journal: on a disk with no byte left its write waits for it.

@@ -143,3 +143,37 @@ def test_a_host_stopped_mid_upload_releases_its_claim(
         Bucket="ckpts", Key=PREFIX + "traind-writer.json")["Body"].read())
     assert claim["renewed_at"] == 0
     host_b_commits_its_own(tmp_path, seaweed, "10m", keys(seaweed))
+
+
+def test_a_live_hosts_claim_is_waited_on_and_status_says_so(
+    tmp_path: Path, seaweed: SeaweedS3
+) -> None:
+    """Host A alive and uploading checkpoint-5 slowly (renewing its 3 s claim): host B's
+    checkpoint-5 waits (checkpoint_claim_held once, ``traind status`` shows it waiting on
+    A's claim), is never taken over, and ends a conflict once A commits."""
+    a = host_a_mid_upload(tmp_path, seaweed, "10s")
+    cfg = host(tmp_path, "b", seaweed, 'claim_ttl = "3s"\n')
+    b = DaemonProcess(cfg)
+    try:
+        b.wait_for("daemon_ready", timeout=60)
+        write_checkpoint(tmp_path / "b" / "out", 5, size=MIB)
+        held = b.wait_for("checkpoint_claim_held", timeout=60)
+        status = subprocess.run(
+            [sys.executable, "-m", "traind", "status", "-c", str(cfg), "--json"],
+            capture_output=True, text=True, timeout=60)
+        page = subprocess.run([sys.executable, "-m", "traind", "status", "-c", str(cfg)],
+                              capture_output=True, text=True, timeout=60)
+        a.wait_for(lambda e: e.get("event") == "checkpoint_committed"
+                   and e.get("tag") == "checkpoint-5", timeout=60)
+        conflict = b.wait_for("checkpoint_conflict", timeout=60)
+        assert b.stop() == 0
+        assert a.stop() == 0
+    finally:
+        a.kill()
+        b.kill()
+    assert held["holder"] == conflict["theirs"]
+    waiting = json.loads(status.stdout)["held"]
+    assert [(w["tag"], w["holder"]) for w in waiting] == [("checkpoint-5", held["holder"])]
+    assert f"waiting    checkpoint-5 on writer {held['holder']}'s claim" in page.stdout
+    assert not b.named("checkpoint_claim_taken_over")
+    assert len(b.named("checkpoint_claim_held")) == 1
