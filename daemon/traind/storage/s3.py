@@ -27,7 +27,7 @@ from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError, IntegrityError, StorageError
 from traind.storage import s3_claim
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import Lease, check_committed, check_held
+from traind.storage.claim import Lease, check_committed
 from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.s3_client import Ops, open_client, target_of
 from traind.storage.s3_direct import direct_client
@@ -139,16 +139,13 @@ class S3Backend:
 
     async def release(self, tag: str, writer: Writer) -> None:
         found = await s3_claim.lease(await self._client(), self._key(tag))
-        if found is not None and found.writer.id == writer.id:
+        if found is not None and found[0].writer.id == writer.id:
             await self._renew(tag, writer, 0.0)
 
     async def _renew(self, tag: str, writer: Writer, at: float | None) -> None:
-        # A plain put after the read: a takeover in between is seen at the next renewal.
         ops = await self._client()
-        base = self._key(tag)
-        found = check_held(tag, writer, await s3_claim.lease(ops, base), self._where(tag))
-        await s3_claim.put_new(ops, base + CLAIM_NAME, found.renewed(at).to_json(),
-                               conditional=False)
+        await s3_claim.renew(ops, self._key(tag), tag, writer, at,
+                             await self._honours_conditional(ops), self._where(tag))
 
     async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
         ops = await self._client()

@@ -22,7 +22,7 @@ import structlog
 
 from traind.checkpoints.manifest import Writer
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.claim import Lease, check_claim, check_lease, is_claim_file
+from traind.storage.claim import Lease, check_claim, check_held, check_lease, is_claim_file
 from traind.storage.keys import CLAIM_NAME
 from traind.storage.s3_client import Ops
 from traind.storage.s3_errors import error_code
@@ -53,6 +53,12 @@ async def put_new(ops: Ops, key: str, body: bytes, conditional: bool) -> bool:
 
 async def get(ops: Ops, key: str) -> bytes | None:
     """The object at ``key``, or None when there is none."""
+    found = await get_tagged(ops, key)
+    return found[0] if found else None
+
+
+async def get_tagged(ops: Ops, key: str) -> tuple[bytes, str] | None:
+    """The object at ``key`` and its ETag, or None when there is none."""
     try:
         resp = await ops.call("get_object", key)
         async with resp["Body"] as body:
@@ -61,7 +67,21 @@ async def get(ops: Ops, key: str) -> bytes | None:
         if error_code(exc.__cause__ or exc) in _MISSING:
             return None
         raise
-    return data
+    return data, str(resp.get("ETag", ""))
+
+
+async def replace(ops: Ops, key: str, body: bytes, etag: str | None) -> bool:
+    """Put ``body`` at ``key`` only if the object there still has ``etag`` (``If-Match``,
+    a compare-and-swap); return whether it did. ``etag`` None: a plain put."""
+    params: dict[str, Any] = {"IfMatch": etag} if etag else {}
+    try:
+        await ops.call("put_object", key, body=memoryview(body), ContentType="application/json",
+                       **params)
+    except StorageError as exc:
+        if error_code(exc.__cause__ or exc) in {"PreconditionFailed", "412", *_MISSING}:
+            return False
+        raise
+    return True
 
 
 async def honours_conditional(ops: Ops, prefix: str) -> bool:
@@ -85,10 +105,10 @@ async def honours_conditional(ops: Ops, prefix: str) -> bool:
     return honoured
 
 
-async def lease(ops: Ops, base: str) -> Lease | None:
-    """The claim on the tag under ``base``, or None when there is none."""
-    data = await get(ops, base + CLAIM_NAME)
-    return Lease.from_json(data) if data is not None else None
+async def lease(ops: Ops, base: str) -> tuple[Lease, str] | None:
+    """The claim on the tag under ``base`` and its ETag, or None when there is none."""
+    found = await get_tagged(ops, base + CLAIM_NAME)
+    return (Lease.from_json(found[0]), found[1]) if found is not None else None
 
 
 async def claim(ops: Ops, base: str, tag: str, writer: Writer, conditional: bool,
@@ -108,8 +128,22 @@ async def claim(ops: Ops, base: str, tag: str, writer: Writer, conditional: bool
     found = await lease(ops, base)
     if found is None:  # taken and pruned meanwhile: the next attempt finds it free
         raise TransientStorageError(f"{tag}: the claim in {where} vanished; retrying")
-    check_lease(tag, writer, found, None, where)
+    check_lease(tag, writer, found[0], None, where)
     return False
+
+
+async def renew(ops: Ops, base: str, tag: str, writer: Writer, at: float | None,
+                conditional: bool, where: str) -> None:
+    """Rewrite ``writer``'s claim renewed ``at``, with ``If-Match`` on its ETag where the
+    store has conditional writes (a takeover in between makes it fail: the tag is lost);
+    raise ConflictError when the claim is not ``writer``'s."""
+    found = await lease(ops, base)
+    held = check_held(tag, writer, found[0] if found else None, where)
+    etag = found[1] if found and conditional else None
+    if not await replace(ops, base + CLAIM_NAME, held.renewed(at).to_json(), etag):
+        after = await lease(ops, base)
+        check_held(tag, writer, after[0] if after else None, where)
+        raise TransientStorageError(f"{tag}: the claim in {where} changed while renewed")
 
 
 async def _claim_listed(ops: Ops, base: str, tag: str, writer: Writer, where: str) -> None:
@@ -136,14 +170,17 @@ async def _claimants(ops: Ops, base: str, writer: Writer) -> list[Writer]:
 
 async def take_over(ops: Ops, base: str, stale: Lease, writer: Writer, conditional: bool,
                     delete_batch: Callable[[list[str]], Awaitable[None]]) -> bool:
-    """Remove the stale claim ``stale`` and every object of its writer under ``base``
+    """Take the stale claim ``stale`` and remove every object of its writer under ``base``
     (multipart uploads under way too); return False when another writer takes it over or
-    it was renewed. Without conditional writes two takers at one instant may both go on:
-    the claim after it is then decided by the listing protocol."""
+    it was renewed. With conditional writes the claim is replaced by ``writer``'s own with
+    ``If-Match`` (the stale writer's next renewal fails); without, two takers at one
+    instant may both go on, and the claim after it is decided by the listing protocol."""
     if not await put_new(ops, base + stale.marker, writer.to_json(), conditional):
         return False
-    if await lease(ops, base) != stale:  # renewed meanwhile: its writer lives
-        await ops.call("delete_object", base + stale.marker)
+    found = await lease(ops, base)
+    if found is None or found[0] != stale or (conditional and not await replace(
+            ops, base + CLAIM_NAME, Lease.new(writer).to_json(), found[1])):
+        await ops.call("delete_object", base + stale.marker)  # renewed: its writer lives
         return False
     markers: dict[str, Any] = {}
     while True:
@@ -163,5 +200,6 @@ async def take_over(ops: Ops, base: str, stale: Lease, writer: Writer, condition
         if not keys:
             break
         await delete_batch(keys)
-    await ops.call("delete_object", base + CLAIM_NAME)
+    if not conditional:
+        await ops.call("delete_object", base + CLAIM_NAME)
     return True

@@ -145,3 +145,36 @@ async def test_a_released_claim_is_taken_over_at_once(store: Storage, tmp_path: 
     finally:
         close([dead, fresh, stranger])
     assert "dead-only.bin" not in left_in_store(store, tmp_path)
+
+
+async def test_a_writer_whose_claim_was_taken_over_stops(store: Storage, tmp_path: Path) -> None:
+    """A writer that did not renew in time (the other's claim_ttl is shorter than its
+    renewal interval) finds at its next renewal that the tag is another's: its upload is
+    stopped, it never commits, journals 'conflict'; the taker's checkpoint is whole."""
+    stalled = await side(tmp_path, "stalled", store, steps=1, claim_ttl=4.0)  # renews each 1 s
+    taker = await side(tmp_path, "taker", store, steps=1, claim_ttl=0.3)
+    never = asyncio.Event()
+    upload = store.upload
+
+    async def stuck_upload(*args: object, **kwargs: object) -> None:
+        await asyncio.wait_for(never.wait(), 30)  # an upload that hangs past the takeover
+        await upload(*args, **kwargs)  # type: ignore[arg-type]
+
+    try:
+        store.upload = stuck_upload  # type: ignore[method-assign]
+        committing = asyncio.create_task(stalled.streamer.commit(TAG))
+        await asyncio.sleep(0.5)
+        store.upload = upload  # type: ignore[method-assign]
+        with capture_logs() as logs:
+            await commit_when_stale(taker, TAG, within=30)
+            with pytest.raises(ConflictError) as lost:
+                await asyncio.wait_for(committing, 10)
+        assert lost.value.theirs == str(taker.writer)
+        entry = await stalled.journal.get(TAG)
+        assert entry is not None
+        assert entry.state == "conflict"
+        await check_own_bytes(taker, store, TAG, tmp_path)
+    finally:
+        never.set()
+        close([stalled, taker])
+    assert [e["tag"] for e in logs if e["event"] == "checkpoint_claim_taken_over"] == [TAG]

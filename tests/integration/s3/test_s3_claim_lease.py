@@ -4,6 +4,7 @@ every object and multipart upload it left, a slow live writer renewing it never 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,29 +89,33 @@ async def test_a_slow_live_writer_renews_and_is_never_taken_over(
     s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
     tmp_path: Path,
 ) -> None:
-    """A writer whose upload (max_bandwidth 1 MiB/s, 3 MiB) outlasts claim_ttl (1 s)
+    """A writer whose upload (max_bandwidth 1 MiB/s, 6 MiB) outlasts claim_ttl (1 s)
     renews its claim: the other writer waits all along, then meets its commit."""
     slow_config = s3_config(s3_server, bucket, max_bandwidth=MIB)
-    slow = await side(tmp_path, "slow", backends(slow_config), steps=1, size=3 * MIB // 2,
+    slow = await side(tmp_path, "slow", backends(slow_config), steps=1, size=3 * MIB,
                       claim_ttl=1.0)
     other = await side(tmp_path, "other", backends(s3_config(s3_server, bucket)), steps=1,
                        claim_ttl=1.0)
     try:
         with capture_logs() as logs:
+            sending = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            slow.streamer.on_sent = lambda n: loop.call_soon_threadsafe(sending.set)
             committing = asyncio.create_task(slow.streamer.commit(TAG))
-            held = 0
+            await asyncio.wait_for(sending.wait(), 30)  # claimed, its upload begun
+            held: list[float] = []
             while not committing.done():
                 await asyncio.sleep(0.2)
                 try:
                     await asyncio.wait_for(other.streamer.commit(TAG), 30)
                 except ClaimHeldError:
-                    held += 1
+                    held.append(time.monotonic())
                 except ConflictError:
                     break
             await asyncio.wait_for(committing, 60)
             with pytest.raises(ConflictError) as lost:
                 await asyncio.wait_for(other.streamer.commit(TAG), 30)
-        assert held >= 8  # two seconds and more past claim_ttl
+        assert held[-1] - held[0] > 1.5  # held well past claim_ttl
         assert lost.value.committed is not None
         await check_own_bytes(slow, backends(slow_config), TAG, tmp_path)
     finally:
