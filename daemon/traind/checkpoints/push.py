@@ -37,7 +37,8 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
                 f"{tag} is already committed in {storage.describe}; a push never replaces a "
                 "committed checkpoint: pass --tag to commit this one under another name"
             )
-        streamer = Streamer(settings.run.name, state_dir, storage, journal)
+        streamer = Streamer(settings.run.name, state_dir, storage, journal,
+                            claim_ttl=settings.storage.claim_ttl)
         if await streamer.stage(tag, step, source, whole=True) is not StageResult.STAGED:
             raise TraindError(f"{source} could not be snapshot: {streamer.stage_errors[tag]}")
         await journal.set_state(tag, "ready")
