@@ -6,8 +6,8 @@ of two racing writers the store lets exactly one through. A store that ignores t
 (found once per backend with a probe object written twice, or ``TRAIND_S3_CONDITIONAL=0``)
 gets a listing protocol instead, safe on a store with read-after-write consistency: every
 writer puts its own ``<tag>/traind-claims/<id>.json`` and then lists them; alone, it has won
-and writes the claim object; not alone, it withdraws, and loses for good if another
-remains (two withdrawn writers both retry later).
+and writes the claim object; not alone, it withdraws and retries later, when it finds the
+winner's claim object (a held claim, like any other) or the tag free again.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import structlog
 
 from traind.checkpoints.manifest import Writer
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.claim import Lease, check_claim, check_held, check_lease, is_claim_file
+from traind.storage.claim import Lease, check_held, check_lease, is_claim_file
 from traind.storage.keys import CLAIM_NAME
 from traind.storage.s3_client import Ops
 from traind.storage.s3_errors import error_code
@@ -149,11 +149,11 @@ async def renew(ops: Ops, base: str, tag: str, writer: Writer, at: float | None,
 async def _claim_listed(ops: Ops, base: str, tag: str, writer: Writer, where: str) -> None:
     mine = f"{base}{CLAIMS_DIR}{writer.id}.json"
     await put_new(ops, mine, writer.to_json(), conditional=False)
-    if not (others := await _claimants(ops, base, writer)):
+    if not await _claimants(ops, base, writer):
         return
-    await ops.call("delete_object", mine)  # withdraw: at most one of two still sees the other
-    if others := await _claimants(ops, base, writer):
-        check_claim(tag, writer, others[0], where)
+    # Withdraw and retry: the next attempt finds the winner's claim object (and waits on it
+    # like any held claim), or the tag free again when every claimant withdrew.
+    await ops.call("delete_object", mine)
     raise TransientStorageError(f"{tag}: two writers claimed it at once in {where}; retrying")
 
 
