@@ -37,6 +37,8 @@ from traind.storage.fileio import hash_file
 from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.streamer")
+CLAIM_CHECK_EVERY = 1.0
+"""Seconds between checks, as files finish, that this writer still holds the tag."""
 
 OnCommit = Callable[[Manifest], Awaitable[None]]
 OnRewritten = Callable[[str], None]
@@ -442,6 +444,19 @@ class Streamer:
             await self._on_commit(manifest)
         return manifest
 
+    def _still_ours(self, tag: str, ours: Writer) -> Callable[[], Awaitable[None]]:
+        """The check between files that the claim on ``tag`` is still ``ours`` (a renewal,
+        at most one every CLAIM_CHECK_EVERY seconds however many files finish)."""
+        last = time.monotonic()
+
+        async def check() -> None:
+            nonlocal last
+            if time.monotonic() - last >= CLAIM_CHECK_EVERY:
+                last = time.monotonic()
+                await self.storage.renew(tag, ours)  # ConflictError: lost, stop sending
+
+        return check
+
     async def _upload(self, tag: str, step: int, ours: Writer, progress: Progress | None,
                       fresh: bool) -> tuple[Manifest, list[StoredFile], Progress]:
         """Send what of ``tag`` is not stored yet (all of it when ``fresh``); return its
@@ -455,7 +470,8 @@ class Streamer:
         progress = progress or Progress(sum(f.size for f in pending))
         self.current = (tag, progress)
         if pending:
-            session = JournalSession(self._journal, tag, _fan_out(progress.advance, self.on_sent))
+            session = JournalSession(self._journal, tag, _fan_out(progress.advance, self.on_sent),
+                                     self._still_ours(tag, ours))
             upload = self.storage.upload(tag, root, pending, session)
             if shown_by_caller:
                 await upload

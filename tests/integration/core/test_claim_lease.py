@@ -20,6 +20,8 @@ from traind.checkpoints.manifest import Manifest
 from traind.config import LocalStorage
 from traind.errors import ClaimHeldError, ConflictError
 from traind.storage.base import Storage
+from traind.storage.claim import Lease
+from traind.storage.keys import CLAIM_NAME
 from traind.storage.local import LocalBackend
 from traind.storage.memory import MemoryBackend
 
@@ -178,3 +180,36 @@ async def test_a_writer_whose_claim_was_taken_over_stops(store: Storage, tmp_pat
         never.set()
         close([stalled, taker])
     assert [e["tag"] for e in logs if e["event"] == "checkpoint_claim_taken_over"] == [TAG]
+
+
+async def test_a_writer_that_lost_its_claim_sends_no_further_file(tmp_path: Path) -> None:
+    """Between files the writer checks the claim is still its own: taken over after its
+    first file, it sends none of the others and journals 'conflict'."""
+    store = LocalBackend(LocalStorage(path=tmp_path / "store", concurrency=1), "run1")
+    loser = await side(tmp_path, "loser", store, steps=1)
+    taker = await side(tmp_path, "taker", store, steps=0)
+    file_done = loser.journal.file_done
+    sent: list[str] = []
+
+    async def taken_after_first(tag: str, path: str, sha256: str) -> None:
+        await file_done(tag, path, sha256)
+        sent.append(path)
+        if len(sent) == 1:  # the claim goes to another writer (as a takeover would)
+            lease = Lease.from_json((tmp_path / "store" / "run1" / TAG / CLAIM_NAME).read_bytes())
+            assert await store.take_over(TAG, lease, taker.writer)
+            await store.claim(TAG, taker.writer)
+            await asyncio.sleep(1.1)  # past the throttle of the between-files check
+
+    try:
+        loser.journal.file_done = taken_after_first  # type: ignore[method-assign]
+        with pytest.raises(ConflictError) as lost:
+            await asyncio.wait_for(loser.streamer.commit(TAG), 30)
+        assert lost.value.theirs == str(taker.writer)
+        entry = await loser.journal.get(TAG)
+        assert entry is not None
+        assert entry.state == "conflict"
+    finally:
+        close([loser, taker])
+    assert len(sent) == 1
+    left = {p.name for p in (tmp_path / "store" / "run1" / TAG).iterdir()}
+    assert left - {n for n in left if n.startswith("traind-takeover-")} == {CLAIM_NAME}
