@@ -37,6 +37,8 @@ from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
 from traind.units import parse_floor
 
+RELEASE_TIMEOUT = 5.0
+"""Seconds a stopping daemon spends marking its claims on unstored checkpoints stale."""
 log = structlog.get_logger("traind.app")
 
 _STORE_RETRY = (1.0, 60.0)
@@ -69,7 +71,8 @@ class Daemon:
             state_dir, RunIdentity.of(settings, self.storage)
         )
         self.streamer = Streamer(
-            settings.run.name, state_dir, self.storage, self.journal, self._committed
+            settings.run.name, state_dir, self.storage, self.journal, self._committed,
+            claim_ttl=settings.storage.claim_ttl,
         )
         self.supervisor: Supervisor | None = None
         self.watcher: Watcher | None = None
@@ -286,6 +289,11 @@ class Daemon:
                     await self.streamer.wait_idle()
             streaming.cancel()
             self.unstored = [*self.streamer.unstored, *left]
+            if self.unstored:  # the next host takes them over without waiting claim_ttl
+                await asyncio.wait([streaming])  # its upload (and renewals) stopped first
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RELEASE_TIMEOUT):
+                        await self.streamer.release(self.unstored)
 
     async def _supervise(self, stop: asyncio.Event) -> None:
         """Run the children; when training finished, commit what is left, then stop."""
@@ -426,6 +434,7 @@ class Daemon:
             self.storage = storage
             await old.aclose()
         self.settings = plan.effective
+        self.streamer.claim_ttl = self.settings.storage.claim_ttl
         log.info(
             "reload_applied",
             applied=list(plan.applied),

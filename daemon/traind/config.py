@@ -117,6 +117,9 @@ class LocalStorage(Section):
     type: Literal["local"] = "local"
     path: Directory
     concurrency: int = Field(default=4, ge=1, le=64)
+    # A claim not renewed for this long, its checkpoint uncommitted, is stale: its writer
+    # died mid-upload, and another writer of the run takes the tag over (renewed every ttl/4).
+    claim_ttl: PositiveDuration = Field(default=600.0, ge=1.0)
 
 
 class S3Storage(Section):
@@ -141,6 +144,9 @@ class S3Storage(Section):
     retry_max_delay: Duration = 20.0
     connect_timeout: PositiveDuration = 10.0
     read_timeout: PositiveDuration = 60.0
+    # A claim not renewed for this long, its checkpoint uncommitted, is stale: its writer
+    # died mid-upload, and another writer of the run takes the tag over (renewed every ttl/4).
+    claim_ttl: PositiveDuration = Field(default=600.0, ge=1.0)
 
     @field_validator("prefix")
     @classmethod
@@ -169,6 +175,9 @@ class SSHStorage(Backoff):
     retries: int = Field(default=8, ge=0, description="reconnects per operation, then fail")
     backoff_initial: Duration = 0.5
     backoff_max: Duration = 30.0
+    # A claim not renewed for this long, its checkpoint uncommitted, is stale: its writer
+    # died mid-upload, and another writer of the run takes the tag over (renewed every ttl/4).
+    claim_ttl: PositiveDuration = Field(default=600.0, ge=1.0)
 
     @field_validator("host", "user")
     @classmethod

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from traind.checkpoints.manifest import Manifest
+    from traind.storage.claim import Lease
 
 
 class TraindError(Exception):
@@ -55,6 +56,23 @@ class ConflictError(StorageError):
         super().__init__(
             f"{tag}{at} belongs to writer {theirs}, not to this one ({ours}): another traind "
             "with the same run.name writes to this store; the local copy is kept"
+        )
+
+
+class ClaimHeldError(ConflictError):
+    """Another writer's claim holds this checkpoint and it is not committed: wait until it
+    commits (a conflict then) or its claim goes stale (taken over then)."""
+
+    def __init__(self, tag: str, ours: str, lease: Lease, where: str = "") -> None:
+        super().__init__(tag, ours, str(lease.writer), where)
+        self.lease = lease
+        at = f" in {where}" if where else ""
+        renewed = f"renewed {lease.age():.0f}s ago" if lease.renewed_at else "released"
+        self.args = (
+            f"{tag}{at} belongs to writer {lease.writer}, not to this one ({ours}): its "
+            f"upload is not committed (claim {renewed}); this one is stored once that "
+            "writer commits (a conflict then) or stops renewing its claim for "
+            "storage.claim_ttl (taken over then)",
         )
 
 

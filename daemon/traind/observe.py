@@ -66,6 +66,9 @@ class Observer:
             upload=model.upload_info(self._streamer.current),
             committed=self._committed.values(),
             dropped=self._dropped.values(),
+            held=[model.HeldInfo(tag=tag, holder=str(lease.writer), renewed_at=lease.renewed_at,
+                                 stale_at=lease.renewed_at + self._streamer.claim_ttl)
+                  for tag, lease in self._streamer.held.items()],
             next_prune=self.next_prune,
             errors=self.recent.items(),
         )

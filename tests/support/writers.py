@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.checkpoints import write_checkpoint
 
 from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
+from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.manifest import Manifest, Writer
 from traind.checkpoints.restore import restore
 from traind.checkpoints.streamer import Streamer
-from traind.errors import ConflictError, TransientStorageError
-from traind.storage.base import Storage
+from traind.errors import ClaimHeldError, ConflictError, TransientStorageError
+from traind.storage.base import LocalFile, Storage
 
 
 @dataclass
@@ -40,35 +41,49 @@ class Side:
         return sorted(t for t, o in self.outcome.items() if isinstance(o, ConflictError))
 
 
-async def side(tmp_path: Path, name: str, store: Storage, steps: int) -> Side:
+async def side(tmp_path: Path, name: str, store: Storage, steps: int,
+               size: int = 96 * 1024, claim_ttl: float = 600.0) -> Side:
     """Writer ``name`` (its own state_dir and output_dir under tmp_path/name) with
-    checkpoint-1..``steps`` written, staged and ready."""
+    checkpoint-1..``steps`` written (one file ``<name>-only.bin`` more), staged and ready."""
     root = tmp_path / name
     journal = Journal.in_state_dir(root / "state", RunIdentity("run1", root / "out", "test:"))
-    streamer = Streamer("run1", root / "state", store, journal)
+    streamer = Streamer("run1", root / "state", store, journal, claim_ttl=claim_ttl)
     made = Side(root, streamer, journal, await streamer.writer())
     (root / "out").mkdir(parents=True, exist_ok=True)
     for step in range(1, steps + 1):
         tag = f"checkpoint-{step}"
-        made.written[tag] = write_checkpoint(root / "out", step, size=96 * 1024)
+        made.written[tag] = write_checkpoint(root / "out", step, size=size)
+        data = f"{name} {step}".encode()
+        (root / "out" / tag / f"{name}-only.bin").write_bytes(data)
+        made.written[tag][f"{name}-only.bin"] = hashlib.sha256(data).hexdigest()
         await streamer.stage(tag, step, root / "out" / tag)
         await journal.set_state(tag, "ready")
     return made
 
 
-async def race(tmp_path: Path, stores: tuple[Storage, Storage], steps: int = 3) -> list[Side]:
+async def race(tmp_path: Path, stores: tuple[Storage, Storage], steps: int = 3,
+               wait_held: float = 60.0) -> list[Side]:
     """Writers ``a`` and ``b`` (one store object each) commit checkpoint-1..``steps``,
-    each tag by both at once; return both sides (journals closed by ``close``)."""
+    each tag by both at once; return both sides (journals closed by ``close``). A tag
+    another writer's claim holds uncommitted is retried for up to ``wait_held`` seconds."""
     sides = [await side(tmp_path, name, store, steps)
              for name, store in zip("ab", stores, strict=True)]
 
     async def commit(who: Side, tag: str) -> None:
-        for _ in range(5):  # as the streamer's loop does: a transient failure is retried
+        held_until = time.monotonic() + wait_held
+        transient = 0
+        while transient < 5:  # as the streamer's loop does: a transient failure is retried
             try:
                 who.outcome[tag] = await who.streamer.commit(tag)
                 return
+            except ClaimHeldError as exc:  # the other's upload under way: wait for it
+                who.outcome[tag] = exc
+                if time.monotonic() > held_until:
+                    return
+                await asyncio.sleep(0.1)
             except TransientStorageError as exc:
                 who.outcome[tag] = exc
+                transient += 1
                 await asyncio.sleep(random.uniform(0.05, 0.3))
             except Exception as exc:  # recorded, asserted by the caller
                 who.outcome[tag] = exc
@@ -117,3 +132,37 @@ async def check_one_writer_each(sides: list[Side], store: Storage, tmp_path: Pat
 def close(sides: list[Side]) -> None:
     for side in sides:
         side.journal.close()
+
+
+async def dead_writer(tmp_path: Path, store: Storage, tag: str = "checkpoint-1") -> Side:
+    """A writer that claimed ``tag`` and uploaded every file of it, then died before its
+    manifest (a preempted host): its claim is never renewed again."""
+    dead = await side(tmp_path, "dead", store, steps=1)
+    await store.claim(tag, dead.writer)
+    await dead.journal.begin_upload(tag, store.describe)
+    files = [LocalFile(f.path, f.size) for f in await dead.journal.files(tag)]
+    await store.upload(tag, dead.streamer.staging / tag, files,
+                       JournalSession(dead.journal, tag, lambda n: None))
+    return dead
+
+
+async def commit_when_stale(who: Side, tag: str, within: float = 60.0) -> Manifest:
+    """Commit ``tag`` as the streamer's loop would: retried while another's claim holds it."""
+    async with asyncio.timeout(within):
+        while True:
+            try:
+                return await who.streamer.commit(tag)
+            except (ClaimHeldError, TransientStorageError):
+                await asyncio.sleep(0.2)
+
+
+async def check_own_bytes(who: Side, store: Storage, tag: str, tmp_path: Path) -> None:
+    """``tag`` is committed by ``who``, its manifest holds ``who``'s bytes only, and a
+    restore of it verifies and equals them."""
+    by_tag = {m.tag: m for m in await store.manifests()}
+    manifest = by_tag[tag]
+    assert manifest.writer == who.writer
+    assert {f.path: f.sha256 for f in manifest.files} == who.written[tag]
+    dest = await restore(store, manifest, tmp_path / "pulled" / who.root.name / tag)
+    got = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dest.iterdir()}
+    assert got == who.written[tag]

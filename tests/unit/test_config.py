@@ -405,3 +405,18 @@ def test_min_free_space(tmp_path: Path) -> None:
         "checkpoints.min_free_space = '-2x': write a multiple of the checkpoint size such as "
         "'1.5x', or a size such as '20GiB'"
     ]
+
+
+@pytest.mark.parametrize(("value", "ok"), [('"3s"', True), ('"10m"', True), ('"0s"', False),
+                                           ('"500ms"', False), ('"-1m"', False)])
+def test_claim_ttl_is_a_duration_of_a_second_or_more(
+    tmp_path: Path, value: str, ok: bool
+) -> None:
+    """``[storage] claim_ttl`` (default ten minutes) takes a duration of at least 1 s."""
+    assert config.load(write(tmp_path, MINIMAL)).storage.claim_ttl == 600.0
+    text = MINIMAL + f"claim_ttl = {value}\n"
+    if ok:
+        assert config.load(write(tmp_path, text)).storage.claim_ttl >= 3.0
+    else:
+        with pytest.raises(ConfigError, match=r"storage\.claim_ttl"):
+            config.load(write(tmp_path, text))

@@ -11,8 +11,8 @@ import pytest
 
 from traind.checkpoints.manifest import Manifest, Writer
 from traind.checkpoints.writer import WRITER_ID_FILE, load_or_create
-from traind.errors import ConflictError, TraindError
-from traind.storage.claim import check_claim, check_committed
+from traind.errors import ClaimHeldError, ConflictError, TraindError
+from traind.storage.claim import Lease, check_claim, check_committed, check_held, check_lease
 
 A = Writer("a" * 32, "host-a")
 B = Writer("b" * 32, "host-b")
@@ -57,3 +57,42 @@ def test_claim_decisions() -> None:
     assert (caught.value.tag, caught.value.ours, caught.value.theirs) == ("t", str(A), str(B))
     with pytest.raises(ConflictError, match="older traind on old"):
         check_committed("t", A, Manifest("run", "t", 1, (), host="old"), "here")
+
+
+def test_a_lease_is_stale_once_not_renewed_for_the_ttl() -> None:
+    """A claim renewed less than claim_ttl ago is live; older, or released (0), is stale."""
+    lease = Lease(A, "n1", renewed_at=1000.0)
+    assert not lease.stale(60.0, now=1059.0)
+    assert lease.stale(60.0, now=1061.0)
+    assert lease.renewed(1100.0).nonce == "n1"
+    assert not lease.renewed(1100.0).stale(60.0, now=1150.0)
+    assert lease.renewed(0.0).stale(60.0, now=1001.0)
+    assert Lease.from_json(lease.to_json()) == lease
+
+
+def test_a_claim_without_renewal_is_read_as_released() -> None:
+    """A claim written before leases (a bare writer) is stale at once: it is never renewed."""
+    lease = Lease.from_json(A.to_json())
+    assert lease.writer == A
+    assert lease.renewed_at == 0.0
+    assert lease.stale(600.0)
+
+
+def test_another_writers_claim_is_held_until_committed() -> None:
+    """Another writer's claim without a manifest is ClaimHeldError (wait), with one a
+    ConflictError carrying the manifest; one's own claim passes; a lost one is a conflict."""
+    theirs = Lease.new(B)
+    with pytest.raises(ClaimHeldError) as held:
+        check_lease("t", A, theirs, None, "here")
+    assert held.value.lease == theirs
+    assert held.value.theirs == str(B)
+    committed = Manifest("run", "t", 1, (), writer=B)
+    with pytest.raises(ConflictError) as conflict:
+        check_lease("t", A, theirs, committed, "here")
+    assert not isinstance(conflict.value, ClaimHeldError)
+    assert conflict.value.committed == committed
+    check_lease("t", B, theirs, None, "here")
+    assert check_held("t", B, theirs, "here") == theirs
+    for found in (theirs, None):
+        with pytest.raises(ConflictError):
+            check_held("t", A, found, "here")

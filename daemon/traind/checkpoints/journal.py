@@ -27,7 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -349,14 +349,15 @@ class Journal:
             ],
         )
 
-    async def begin_upload(self, tag: str, backend: str) -> None:
-        """Mark the backend ``tag`` goes to; a different backend than before starts over."""
+    async def begin_upload(self, tag: str, backend: str, fresh: bool = False) -> None:
+        """Mark the backend ``tag`` goes to; a different backend than before, or ``fresh``
+        (the store holds nothing of it: its claim was taken over), starts over."""
         entry = await self.get(tag)
         ops: list[tuple[str, Sequence[Any]]] = [
             ("UPDATE checkpoints SET backend = ? WHERE run = ? AND tag = ?",
              (backend, self._key, tag))
         ]
-        if entry is not None and entry.backend not in (None, backend):
+        if fresh or (entry is not None and entry.backend not in (None, backend)):
             ops += [
                 ("UPDATE files SET sha256 = NULL WHERE run = ? AND tag = ?", (self._key, tag)),
                 ("DELETE FROM resume WHERE run = ? AND tag = ?", (self._key, tag)),
@@ -462,15 +463,21 @@ def _entry(row: tuple[Any, ...]) -> Entry:
 
 
 class JournalSession:
-    """The ``UploadSession`` a backend gets for one checkpoint: progress plus the journal."""
+    """The ``UploadSession`` a backend gets for one checkpoint: progress plus the journal.
+    ``guard``, awaited after each file is journalled, may raise to stop the upload before
+    the next file (the streamer's check that the tag's claim is still its own)."""
 
-    def __init__(self, journal: Journal, tag: str, advance: Callable[[int], None]) -> None:
+    def __init__(self, journal: Journal, tag: str, advance: Callable[[int], None],
+                 guard: Callable[[], Awaitable[None]] | None = None) -> None:
         self._journal = journal
         self._tag = tag
         self.advance = advance
+        self._guard = guard
 
     async def file_done(self, path: str, sha256: str) -> None:
         await self._journal.file_done(self._tag, path, sha256)
+        if self._guard is not None:
+            await self._guard()
 
     async def load_state(self, path: str) -> str | None:
         return await self._journal.load_resume(self._tag, path)

@@ -66,7 +66,8 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
     journal = Journal.in_state_dir(state_dir, RunIdentity.of(settings, storage))
     try:
         await _refuse_committed(storage, tag)
-        streamer = Streamer(settings.run.name, state_dir, storage, journal)
+        streamer = Streamer(settings.run.name, state_dir, storage, journal,
+                            claim_ttl=settings.storage.claim_ttl)
         if await streamer.stage(tag, step, source, whole=True) is not StageResult.STAGED:
             raise TraindError(f"{source} could not be snapshot: {streamer.stage_errors[tag]}")
         await journal.set_state(tag, "ready")

@@ -8,9 +8,10 @@ the journal keeps every finished file, so nothing is sent twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -22,12 +23,22 @@ from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer, read_trainer_facts
 from traind.checkpoints.restore import identity
 from traind.checkpoints.watcher import StageResult, parse_step
-from traind.errors import ConflictError, StorageError, TraindError
+from traind.errors import (
+    ClaimHeldError,
+    ConflictError,
+    StorageError,
+    TraindError,
+    TransientStorageError,
+)
 from traind.progress import Progress, shown
 from traind.storage.base import LocalFile, Storage
+from traind.storage.claim import Lease
 from traind.storage.fileio import hash_file
+from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.streamer")
+CLAIM_CHECK_EVERY = 1.0
+"""Seconds between checks, as files finish, that this writer still holds the tag."""
 
 OnCommit = Callable[[Manifest], Awaitable[None]]
 OnRewritten = Callable[[str], None]
@@ -47,6 +58,7 @@ class Streamer:
         on_commit: OnCommit | None = None,
         retry_initial: float = 1.0,
         retry_max: float = 300.0,
+        claim_ttl: float = 600.0,
     ) -> None:
         self._run = run
         self._state_dir = state_dir
@@ -79,6 +91,10 @@ class Streamer:
         self._idle.set()
         self._commit_lock = asyncio.Lock()
         self._newest_first = False
+        self.claim_ttl = claim_ttl
+        """After how long without renewal another writer's uncommitted claim is stale."""
+        self.held: dict[str, Lease] = {}
+        """Tags waiting on another writer's claim (its upload uncommitted), with the claim."""
 
     @property
     def queued(self) -> int:
@@ -159,7 +175,10 @@ class Streamer:
             except snapshot.RewrittenError as exc:
                 await self._rewritten(exc)
                 self._pending.discard(tag)  # the watcher has it again
+            except ClaimHeldError as exc:
+                self._wait_for_claim(tag, exc.lease)  # still pending
             except ConflictError:
+                self.held.pop(tag, None)
                 self._failures.pop(tag, None)
                 self._pending.discard(tag)  # never retried: the tag is another writer's
             except (StorageError, OSError) as exc:
@@ -210,6 +229,27 @@ class Streamer:
         log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
         asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
 
+    def _wait_for_claim(self, tag: str, lease: Lease) -> None:
+        """Try ``tag`` again later: soon enough to see the other writer commit, and no
+        later than its claim goes stale."""
+        n = self._failures[tag] = self._failures.get(tag, 0) + 1
+        initial, cap = self._retry
+        stale_in = max(0.0, self.claim_ttl - lease.age())
+        delay = min(doubling(n - 1, initial, cap), stale_in + initial)
+        asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
+
+    async def release(self, tags: list[str]) -> None:
+        """Mark this writer's claims on ``tags`` stale (a shutdown leaving them unstored), so
+        the next host takes them over at once; best effort, a failure is logged."""
+        ours = await self.writer()
+        for tag in tags:
+            try:
+                await self.storage.release(tag, ours)
+            except StorageError as exc:
+                log.warning("checkpoint_claim_release_failed", tag=tag, error=str(exc))
+                continue
+            log.info("checkpoint_claim_released", tag=tag, backend=self.storage.describe)
+
     async def drop(self, tag: str) -> None:
         """Let go of the snapshot of ``tag`` without storing it (not the one in flight):
         journalled as dropped, so no restart uploads or resumes from it, and its staging
@@ -218,6 +258,7 @@ class Streamer:
             raise TraindError(f"{tag} is being uploaded; it cannot be dropped")
         self._pending.discard(tag)  # first, so the upload loop cannot pick it up meanwhile
         self._failures.pop(tag, None)
+        self.held.pop(tag, None)
         if not self._pending:
             self._idle.set()
         # The space before the journal: on a disk with no byte left its write waits for it.
@@ -245,9 +286,9 @@ class Streamer:
             "checkpoint_conflict", tag=exc.tag, ours=exc.ours, theirs=exc.theirs,
             theirs_committed=exc.committed is not None, backend=self.storage.describe,
             kept=str(self.staging / exc.tag),
-            hint="another traind with the same run.name writes to this store (or its "
-                 "upload of this tag never finished); this checkpoint is not stored there "
-                 "and its local copy is kept: give each run its own run.name",
+            hint="another traind with the same run.name writes to this store (or took "
+                 "this tag over from this one); this checkpoint is not stored there and "
+                 "its local copy is kept: give each run its own run.name",
         )
 
     async def _same(self, tag: str, manifest: Manifest) -> bool:
@@ -298,6 +339,8 @@ class Streamer:
             while True:
                 try:
                     return await self._commit(tag, progress)
+                except ClaimHeldError:
+                    raise  # not a conflict yet: the other writer's upload may never commit
                 except ConflictError as exc:
                     theirs = exc.committed
                     if theirs is not None and await self._same(tag, theirs):
@@ -324,6 +367,57 @@ class Streamer:
         )
         await self.storage.delete(manifest.tag)
 
+    async def _claim(self, tag: str, ours: Writer) -> bool:
+        """Claim ``tag``; another writer's uncommitted claim is waited on (ClaimHeldError,
+        logged once) until it goes stale, then taken over: return whether it was (the
+        store holds nothing of the tag then)."""
+        taken = False
+        try:
+            await self.storage.claim(tag, ours)
+        except ClaimHeldError as exc:
+            lease = exc.lease
+            if not lease.stale(self.claim_ttl):
+                if (before := self.held.get(tag)) is None or before.nonce != lease.nonce:
+                    log.warning(
+                        "checkpoint_claim_held", tag=tag, holder=str(lease.writer),
+                        age=round(lease.age(), 1), stale_in=round(self.claim_ttl - lease.age(), 1),
+                        backend=self.storage.describe,
+                        hint="another traind of this run is uploading this checkpoint; it is "
+                             "stored once that one commits, or taken over if it stops "
+                             "renewing its claim for storage.claim_ttl",
+                    )
+                self.held[tag] = lease
+                raise
+            if not await self.storage.take_over(tag, lease, ours):
+                raise TransientStorageError(
+                    f"{tag}: another writer is taking over the stale claim; retrying") from exc
+            log.error(
+                "checkpoint_claim_taken_over", tag=tag, holder=str(lease.writer),
+                age=round(lease.age(), 1), backend=self.storage.describe,
+                reason="its writer stopped renewing the claim without committing (it died "
+                       "mid-upload, or released it at shutdown); its objects were removed",
+            )
+            taken = True
+            await self.storage.claim(tag, ours)
+        self.held.pop(tag, None)
+        return taken
+
+    @contextlib.asynccontextmanager
+    async def _leased(self, tag: str, ours: Writer) -> AsyncIterator[None]:
+        """Renew the claim on ``tag`` every ``claim_ttl``/4 while the body runs; losing it
+        (ConflictError: taken over) cancels the body and is raised."""
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(self.claim_ttl / 4)
+                await self.storage.renew(tag, ours)
+
+        async with task_group() as tg:
+            renewing = tg.create_task(renew(), name=f"renew-{tag}")
+            try:
+                yield
+            finally:
+                renewing.cancel()
+
     async def _commit(self, tag: str, progress: Progress | None) -> Manifest:
         entry = await self._journal.get(tag)
         if entry is None:
@@ -331,8 +425,44 @@ class Streamer:
         root = self.staging / tag
         started = time.monotonic()
         ours = await self.writer()
-        await self.storage.claim(tag, ours)  # before any byte: never over another's objects
-        await self._journal.begin_upload(tag, self.storage.describe)
+        taken = await self._claim(tag, ours)  # before any byte: never over another's objects
+        async with self._leased(tag, ours):
+            manifest, stored, progress = await self._upload(tag, entry.step, ours, progress,
+                                                            taken)
+            await self.storage.renew(tag, ours)  # still ours: else ConflictError, it lost
+            await self.storage.commit(manifest)
+        await self._journal.set_state(tag, "committed")
+        await asyncio.to_thread(shutil.rmtree, root, True)
+        seconds = time.monotonic() - started
+        log.info(
+            "checkpoint_committed", tag=tag, step=entry.step, files=len(stored),
+            bytes=manifest.total_bytes, sent_bytes=progress.done, seconds=round(seconds, 3),
+            mb_per_s=round(progress.done / 1e6 / max(seconds, 1e-9), 1),
+            backend=self.storage.describe,
+        )
+        if self._on_commit is not None:
+            await self._on_commit(manifest)
+        return manifest
+
+    def _still_ours(self, tag: str, ours: Writer) -> Callable[[], Awaitable[None]]:
+        """The check between files that the claim on ``tag`` is still ``ours`` (a renewal,
+        at most one every CLAIM_CHECK_EVERY seconds however many files finish)."""
+        last = time.monotonic()
+
+        async def check() -> None:
+            nonlocal last
+            if time.monotonic() - last >= CLAIM_CHECK_EVERY:
+                last = time.monotonic()
+                await self.storage.renew(tag, ours)  # ConflictError: lost, stop sending
+
+        return check
+
+    async def _upload(self, tag: str, step: int, ours: Writer, progress: Progress | None,
+                      fresh: bool) -> tuple[Manifest, list[StoredFile], Progress]:
+        """Send what of ``tag`` is not stored yet (all of it when ``fresh``); return its
+        manifest, files and progress."""
+        root = self.staging / tag
+        await self._journal.begin_upload(tag, self.storage.describe, fresh)
         stored = await self._journal.files(tag)
         await _unchanged(tag, root, stored)
         pending = [LocalFile(f.path, f.size) for f in stored if f.sha256 is None]
@@ -340,7 +470,8 @@ class Streamer:
         progress = progress or Progress(sum(f.size for f in pending))
         self.current = (tag, progress)
         if pending:
-            session = JournalSession(self._journal, tag, _fan_out(progress.advance, self.on_sent))
+            session = JournalSession(self._journal, tag, _fan_out(progress.advance, self.on_sent),
+                                     self._still_ours(tag, ours))
             upload = self.storage.upload(tag, root, pending, session)
             if shown_by_caller:
                 await upload
@@ -355,24 +486,12 @@ class Streamer:
         manifest = Manifest(
             run=self._run,
             tag=tag,
-            step=entry.step,
+            step=step,
             files=tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored),
             trainer=await asyncio.to_thread(read_trainer_facts, root),
             writer=ours,
         )
-        await self.storage.commit(manifest)
-        await self._journal.set_state(tag, "committed")
-        await asyncio.to_thread(shutil.rmtree, root, True)
-        seconds = time.monotonic() - started
-        log.info(
-            "checkpoint_committed", tag=tag, step=entry.step, files=len(stored),
-            bytes=manifest.total_bytes, sent_bytes=progress.done, seconds=round(seconds, 3),
-            mb_per_s=round(progress.done / 1e6 / max(seconds, 1e-9), 1),
-            backend=self.storage.describe,
-        )
-        if self._on_commit is not None:
-            await self._on_commit(manifest)
-        return manifest
+        return manifest, stored, progress
 
 
 async def _unchanged(tag: str, root: Path, stored: list[StoredFile]) -> None:

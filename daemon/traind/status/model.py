@@ -64,6 +64,16 @@ class DroppedInfo(TypedDict):
     dropped_at: float
 
 
+class HeldInfo(TypedDict):
+    """A checkpoint waiting on another writer's claim (its upload uncommitted): stored
+    once that writer commits, or taken over at ``stale_at`` if it stops renewing."""
+
+    tag: str
+    holder: str
+    renewed_at: float
+    stale_at: float
+
+
 class ErrorInfo(TypedDict):
     """A recent error: when, the log event, and its fields as one line."""
 
@@ -85,6 +95,7 @@ class StatusSnapshot(TypedDict):
     upload: UploadInfo | None
     committed: list[CommittedInfo]
     dropped: list[DroppedInfo]
+    held: list[HeldInfo]
     next_prune: float | None
     errors: list[ErrorInfo]
 
@@ -146,6 +157,7 @@ def snapshot(
     upload: UploadInfo | None = None,
     committed: Iterable[CommittedInfo] = (),
     dropped: Iterable[DroppedInfo] = (),
+    held: Iterable[HeldInfo] = (),
     next_prune: float | None = None,
     errors: Iterable[ErrorInfo] = (),
     now: float | None = None,
@@ -158,6 +170,7 @@ def snapshot(
         watcher=WatcherInfo(queued=queued, tracked=tracked), upload=upload,
         committed=sorted(committed, key=lambda c: c["step"]),
         dropped=sorted(dropped, key=lambda d: d["step"]),
+        held=sorted(held, key=lambda h: h["tag"]),
         next_prune=next_prune, errors=list(errors),
     )
 

@@ -67,6 +67,11 @@ def render(status: StatusSnapshot, now: float | None = None) -> str:
     if dropped:
         out.append(f"dropped    {len(dropped)} not stored (disk full while the store was "
                    f"behind): {', '.join(d['tag'] for d in dropped)}")
+    for held in status.get("held", []):
+        stale = (f"in {duration(held['stale_at'] - now)}" if held["stale_at"] > now
+                 else "now")
+        out.append(f"waiting    {held['tag']} on writer {held['holder']}'s claim (its upload "
+                   f"is not committed; stale {stale} unless renewed)")
     out.append(f"next prune {_when(status['next_prune'], now)}")
     if status["errors"]:
         out += ["", "recent errors (oldest first)"]

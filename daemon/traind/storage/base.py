@@ -4,7 +4,8 @@ A backend stores files under ``<prefix>/<run>/<tag>/<path>`` and the manifest at
 ``<prefix>/<run>/<tag>/traind-manifest.json``. A checkpoint exists only when its manifest
 does: ``manifests()`` lists manifests only, ``delete()`` removes the manifest first. A tag
 belongs to one writer: ``claim()`` takes it (``traind-writer.json``) before any data goes
-out, with the store's atomic create, and ``delete()`` removes the claim last.
+out, with the store's atomic create, and ``delete()`` removes the claim last. The claim is
+a lease its writer renews while uploading; a stale one (its writer died) is taken over.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from traind.checkpoints.manifest import Manifest, Writer
+from traind.storage.claim import Lease
 
 Advance = Callable[[int], None]
 """Progress callback: called with the number of bytes just moved (thread-safe, cheap)."""
@@ -62,6 +64,20 @@ class Storage(Protocol):
         """Take ``tag`` for ``writer`` before any of its data goes out, atomically: of two
         writers racing, one gets it. Held (or committed) by ``writer`` already: nothing to
         do; by another writer: raise ConflictError."""
+
+    async def renew(self, tag: str, writer: Writer) -> None:
+        """Renew ``writer``'s claim on ``tag`` (a lease, see storage/claim.py): the holder
+        does so while it uploads. Raise ConflictError when it is not ``writer``'s any more
+        (taken over as stale, or removed): this writer lost the tag."""
+
+    async def release(self, tag: str, writer: Writer) -> None:
+        """Mark ``writer``'s claim on ``tag`` stale at once (a shutdown that could not commit
+        it), so the next writer takes it over without waiting; another's is left alone."""
+
+    async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
+        """Remove the stale claim ``stale`` on ``tag`` and every object of its uncommitted
+        upload, for ``writer`` to claim next; return False when another writer is taking it
+        over (an atomic create of ``stale.marker`` lets one through) or it was renewed."""
 
     async def commit(self, manifest: Manifest) -> None:
         """Write the manifest, never over one already there (unless its writer is this

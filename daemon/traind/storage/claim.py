@@ -2,12 +2,21 @@
 
 Pure: a backend reads what the store holds (a claim, a manifest) and asks here whether
 this writer may go on; ``ConflictError`` carries both writers for the log and the CLI.
+A claim is a lease: its holder renews it while it uploads, and one not renewed for
+``claim_ttl`` without a manifest is stale (its writer died mid-upload), so another writer
+may take it over instead of waiting forever.
 """
 
 from __future__ import annotations
 
+import json
+import secrets
+import time
+from dataclasses import dataclass, replace
+
 from traind.checkpoints.manifest import Manifest, Writer
-from traind.errors import ConflictError
+from traind.errors import ClaimHeldError, ConflictError, IntegrityError
+from traind.storage.keys import CLAIM_NAME
 
 
 def check_claim(tag: str, ours: Writer, holder: Writer, where: str) -> None:
@@ -27,3 +36,85 @@ def check_committed(tag: str, ours: Writer | None, found: Manifest | None, where
                                  where)
         conflict.committed = found
         raise conflict
+
+
+TAKEOVER_PREFIX = "traind-takeover-"
+"""Beside the claim: ``traind-takeover-<nonce>.json``, created atomically by the one writer
+that takes over the stale claim with that nonce (kept until the tag is deleted)."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim as stored: its writer, a nonce naming this taking of the tag, and when the
+    holder last renewed it (0: released, or written by a traind without leases)."""
+
+    writer: Writer
+    nonce: str
+    renewed_at: float
+
+    @classmethod
+    def new(cls, writer: Writer) -> Lease:
+        """A fresh claim of ``writer``, renewed now."""
+        return cls(writer, secrets.token_hex(8), time.time())
+
+    def renewed(self, at: float | None = None) -> Lease:
+        """The same claim renewed at ``at`` (now by default)."""
+        return replace(self, renewed_at=time.time() if at is None else at)
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since the last renewal."""
+        return max(0.0, (time.time() if now is None else now) - self.renewed_at)
+
+    def stale(self, ttl: float, now: float | None = None) -> bool:
+        """Whether the holder stopped renewing for longer than ``ttl``: it died or let go."""
+        return self.age(now) > ttl
+
+    @property
+    def marker(self) -> str:
+        """The name whose atomic create decides who takes this claim over."""
+        return f"{TAKEOVER_PREFIX}{self.nonce or 'none'}.json"
+
+    def to_json(self) -> bytes:
+        """The claim object's body in the store: the writer, nonce and last renewal."""
+        body = {"id": self.writer.id, "host": self.writer.host, "nonce": self.nonce,
+                "renewed_at": self.renewed_at}
+        return json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Lease:
+        """Parse a claim object (one without nonce and renewal is a released one); raise
+        IntegrityError if malformed."""
+        writer = Writer.from_json(data)
+        raw = json.loads(data)
+        try:
+            return cls(writer, str(raw.get("nonce", "")), float(raw.get("renewed_at", 0.0)))
+        except (TypeError, ValueError) as exc:
+            raise IntegrityError(f"malformed writer claim: {exc}") from exc
+
+
+def is_claim_file(name: str) -> bool:
+    """Whether ``name`` (in a tag's directory) is the claim or a takeover marker, which a
+    takeover keeps while it removes the stale writer's objects."""
+    return name == CLAIM_NAME or (name.startswith(TAKEOVER_PREFIX) and "/" not in name)
+
+
+def check_lease(tag: str, ours: Writer, found: Lease, committed: Manifest | None,
+                where: str) -> None:
+    """Raise unless ``found`` (the claim on ``tag``) is ``ours``: ClaimHeldError while the
+    other writer's upload is uncommitted (``committed`` None), else ConflictError."""
+    if found.writer.id == ours.id:
+        return
+    if committed is None:
+        raise ClaimHeldError(tag, str(ours), found, where)
+    conflict = ConflictError(tag, str(ours), str(found.writer), where)
+    conflict.committed = committed
+    raise conflict
+
+
+def check_held(tag: str, ours: Writer, found: Lease | None, where: str) -> Lease:
+    """Return ``found`` if it is still ``ours`` (a renewal, the check before the manifest);
+    raise ConflictError when this writer lost the tag (taken over, or removed)."""
+    if found is not None and found.writer.id == ours.id:
+        return found
+    theirs = str(found.writer) if found else "nobody (the claim was removed)"
+    raise ConflictError(tag, str(ours), theirs, where)

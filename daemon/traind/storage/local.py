@@ -8,6 +8,7 @@ manifest are created exclusively (a hard link, which fails when the name exists)
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 from collections.abc import Callable, Collection, Sequence
@@ -16,12 +17,12 @@ from typing import ParamSpec, TypeVar
 
 from traind.checkpoints.manifest import Manifest, Writer, listed
 from traind.config import LocalStorage
-from traind.errors import ConflictError, IntegrityError, StorageError
+from traind.errors import IntegrityError, StorageError, TransientStorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import check_claim, check_committed
+from traind.storage.claim import Lease, check_committed, check_held, check_lease, is_claim_file
 from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir
 from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
-from traind.storage.tasks import task_group
+from traind.storage.tasks import Slots, task_group
 
 PART_SUFFIX = ".traind-part"
 P = ParamSpec("P")
@@ -43,35 +44,71 @@ class LocalBackend:
         self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:
         dest = self._root / check_tag(tag)
-        limit = asyncio.Semaphore(self._concurrency)
+        slots = Slots(self._concurrency)
 
         async def one(f: LocalFile) -> None:
-            async with limit:
-                target = dest / check_relpath(f.path)
-                _, sha = await _io(_store_file, root / f.path, target, session.advance)
-                await session.file_done(f.path, sha)
+            target = dest / check_relpath(f.path)
+            _, sha = await _io(_store_file, root / f.path, target, session.advance)
+            await session.file_done(f.path, sha)
 
         async with task_group() as tg:
             for f in files:
-                tg.create_task(one(f))
+                tg.create_task(slots.run(functools.partial(one, f)))
 
     async def claim(self, tag: str, writer: Writer) -> None:
         await _io(self._claim, tag, writer)
 
     def _claim(self, tag: str, writer: Writer) -> None:
         path = self._root / check_tag(tag) / CLAIM_NAME
-        if not create_exclusive(path, writer.to_json()):
-            try:
-                check_claim(tag, writer, Writer.from_json(path.read_bytes()), str(path))
-            except ConflictError as exc:
-                exc.committed = self._manifest(tag)
-                raise
+        if not create_exclusive(path, Lease.new(writer).to_json()):
+            if (found := self._lease(tag)) is None:  # taken over or pruned meanwhile
+                raise TransientStorageError(f"{tag}: the claim {path} vanished; retrying")
+            check_lease(tag, writer, found, self._manifest(tag), str(path))
             return
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, self._manifest(tag), self.describe)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
+
+    def _lease(self, tag: str) -> Lease | None:
+        path = self._root / tag / CLAIM_NAME
+        try:
+            return Lease.from_json(path.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    async def renew(self, tag: str, writer: Writer) -> None:
+        await _io(self._renew, tag, writer, None)
+
+    async def release(self, tag: str, writer: Writer) -> None:
+        found = await _io(self._lease, check_tag(tag))
+        if found is not None and found.writer.id == writer.id:
+            await _io(self._renew, tag, writer, 0.0)
+
+    def _renew(self, tag: str, writer: Writer, at: float | None) -> None:
+        path = self._root / check_tag(tag) / CLAIM_NAME
+        found = check_held(tag, writer, self._lease(tag), str(path))
+        _write_atomic(path, found.renewed(at).to_json())
+
+    async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
+        return await _io(self._take_over, self._root / check_tag(tag), stale, writer)
+
+    def _take_over(self, base: Path, stale: Lease, writer: Writer) -> bool:
+        if not create_exclusive(base / stale.marker, writer.to_json()):
+            return False  # another writer is taking it over
+        if self._lease(base.name) != stale:  # renewed meanwhile: its writer lives
+            (base / stale.marker).unlink(missing_ok=True)
+            return False
+        for entry in base.iterdir():
+            if not is_claim_file(entry.name):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        (base / CLAIM_NAME).unlink(missing_ok=True)
+        fsync_dir(base)
+        return True
 
     def _manifest(self, tag: str) -> Manifest | None:
         path = self._root / tag / MANIFEST_NAME
@@ -103,17 +140,16 @@ class LocalBackend:
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         src = self._root / check_tag(manifest.tag)
-        limit = asyncio.Semaphore(self._concurrency)
+        slots = Slots(self._concurrency)
         hashes: dict[str, str] = {}
 
         async def one(path: str) -> None:
-            async with limit:
-                _, hashes[path] = await _io(_fetch_file, src / path, dest / check_relpath(path),
-                                            advance)
+            _, hashes[path] = await _io(_fetch_file, src / path, dest / check_relpath(path),
+                                        advance)
 
         async with task_group() as tg:
             for entry in manifest.files:
-                tg.create_task(one(entry.path))
+                tg.create_task(slots.run(functools.partial(one, entry.path)))
         return hashes
 
     async def delete(self, tag: str) -> None:

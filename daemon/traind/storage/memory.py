@@ -8,9 +8,9 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from traind.checkpoints.manifest import Manifest, Writer
-from traind.errors import ConflictError, IntegrityError
+from traind.errors import IntegrityError
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import check_claim, check_committed
+from traind.storage.claim import Lease, check_committed, check_held, check_lease
 from traind.storage.keys import check_relpath, check_tag
 
 
@@ -20,7 +20,9 @@ class MemoryBackend:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
         self.manifest_by_tag: dict[str, Manifest] = {}
-        self.claims: dict[str, Writer] = {}
+        self.claims: dict[str, Lease] = {}
+        self.takeovers: set[str] = set()
+        """The markers of claims taken over (``Lease.marker``)."""
 
     @property
     def describe(self) -> str:
@@ -37,15 +39,28 @@ class MemoryBackend:
             await asyncio.sleep(0)
 
     async def claim(self, tag: str, writer: Writer) -> None:
-        if (holder := self.claims.get(check_tag(tag))) is not None:
-            try:
-                check_claim(tag, writer, holder, self.describe)
-            except ConflictError as exc:
-                exc.committed = self.manifest_by_tag.get(tag)
-                raise
+        if (held := self.claims.get(check_tag(tag))) is not None:
+            check_lease(tag, writer, held, self.manifest_by_tag.get(tag), self.describe)
             return
         check_committed(tag, writer, self.manifest_by_tag.get(tag), self.describe)
-        self.claims[tag] = writer
+        self.claims[tag] = Lease.new(writer)
+
+    async def renew(self, tag: str, writer: Writer) -> None:
+        held = check_held(tag, writer, self.claims.get(check_tag(tag)), self.describe)
+        self.claims[tag] = held.renewed()
+
+    async def release(self, tag: str, writer: Writer) -> None:
+        if (held := self.claims.get(check_tag(tag))) is not None and held.writer.id == writer.id:
+            self.claims[tag] = held.renewed(0.0)
+
+    async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
+        if stale.marker in self.takeovers or self.claims.get(check_tag(tag)) != stale:
+            return False
+        self.takeovers.add(stale.marker)
+        for key in [k for k in self.objects if k.startswith(f"{tag}/")]:
+            del self.objects[key]
+        del self.claims[tag]
+        return True
 
     async def commit(self, manifest: Manifest) -> None:
         found = self.manifest_by_tag.get(manifest.tag)

@@ -23,10 +23,10 @@ import structlog
 
 from traind.checkpoints.manifest import Manifest, Writer, listed
 from traind.config import S3Storage
-from traind.errors import ConflictError, IntegrityError, StorageError
+from traind.errors import ClaimHeldError, ConflictError, IntegrityError, StorageError
 from traind.storage import s3_claim
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import check_committed
+from traind.storage.claim import Lease, check_committed
 from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.s3_client import Ops, open_client, target_of
 from traind.storage.s3_direct import direct_client
@@ -116,14 +116,37 @@ class S3Backend:
         try:
             if not await s3_claim.claim(ops, base, tag, writer, conditional, self._where(tag)):
                 return
-        except ConflictError as exc:
-            exc.committed = await self._read_manifest(ops, tag)
-            raise
+        except ClaimHeldError as exc:
+            if (committed := await self._read_manifest(ops, tag)) is None:
+                raise
+            conflict = ConflictError(tag, exc.ours, exc.theirs, self._where(tag))
+            conflict.committed = committed
+            raise conflict from None
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, await self._read_manifest(ops, tag), self._where(tag))
         except StorageError:
             await ops.call("delete_object", base + CLAIM_NAME)
             raise
+
+    async def renew(self, tag: str, writer: Writer) -> None:
+        await self._renew(tag, writer, None)
+
+    async def release(self, tag: str, writer: Writer) -> None:
+        found = await s3_claim.lease(await self._client(), self._key(tag))
+        if found is not None and found[0].writer.id == writer.id:
+            await self._renew(tag, writer, 0.0)
+
+    async def _renew(self, tag: str, writer: Writer, at: float | None) -> None:
+        ops = await self._client()
+        await s3_claim.renew(ops, self._key(tag), tag, writer, at,
+                             await self._honours_conditional(ops), self._where(tag))
+
+    async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
+        ops = await self._client()
+        base = self._key(tag)
+        return await s3_claim.take_over(
+            ops, base, stale, writer, await self._honours_conditional(ops),
+            lambda keys: self._delete_batch(ops, base, keys))
 
     async def commit(self, manifest: Manifest) -> None:
         ops = await self._client()

@@ -6,21 +6,24 @@ of two racing writers the store lets exactly one through. A store that ignores t
 (found once per backend with a probe object written twice, or ``TRAIND_S3_CONDITIONAL=0``)
 gets a listing protocol instead, safe on a store with read-after-write consistency: every
 writer puts its own ``<tag>/traind-claims/<id>.json`` and then lists them; alone, it has won
-and writes the claim object; not alone, it withdraws, and loses for good if another
-remains (two withdrawn writers both retry later).
+and writes the claim object; not alone, it withdraws and retries later, when it finds the
+winner's claim object (a held claim, like any other) or the tag free again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from traind.checkpoints.manifest import Writer
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.claim import check_claim
+from traind.storage.claim import Lease, check_held, check_lease, is_claim_file
+from traind.storage.keys import CLAIM_NAME
 from traind.storage.s3_client import Ops
 from traind.storage.s3_errors import error_code
 
@@ -50,6 +53,12 @@ async def put_new(ops: Ops, key: str, body: bytes, conditional: bool) -> bool:
 
 async def get(ops: Ops, key: str) -> bytes | None:
     """The object at ``key``, or None when there is none."""
+    found = await get_tagged(ops, key)
+    return found[0] if found else None
+
+
+async def get_tagged(ops: Ops, key: str) -> tuple[bytes, str] | None:
+    """The object at ``key`` and its ETag, or None when there is none."""
     try:
         resp = await ops.call("get_object", key)
         async with resp["Body"] as body:
@@ -58,7 +67,21 @@ async def get(ops: Ops, key: str) -> bytes | None:
         if error_code(exc.__cause__ or exc) in _MISSING:
             return None
         raise
-    return data
+    return data, str(resp.get("ETag", ""))
+
+
+async def replace(ops: Ops, key: str, body: bytes, etag: str | None) -> bool:
+    """Put ``body`` at ``key`` only if the object there still has ``etag`` (``If-Match``,
+    a compare-and-swap); return whether it did. ``etag`` None: a plain put."""
+    params: dict[str, Any] = {"IfMatch": etag} if etag else {}
+    try:
+        await ops.call("put_object", key, body=memoryview(body), ContentType="application/json",
+                       **params)
+    except StorageError as exc:
+        if error_code(exc.__cause__ or exc) in {"PreconditionFailed", "412", *_MISSING}:
+            return False
+        raise
+    return True
 
 
 async def honours_conditional(ops: Ops, prefix: str) -> bool:
@@ -82,34 +105,55 @@ async def honours_conditional(ops: Ops, prefix: str) -> bool:
     return honoured
 
 
+async def lease(ops: Ops, base: str) -> tuple[Lease, str] | None:
+    """The claim on the tag under ``base`` and its ETag, or None when there is none."""
+    found = await get_tagged(ops, base + CLAIM_NAME)
+    return (Lease.from_json(found[0]), found[1]) if found is not None else None
+
+
 async def claim(ops: Ops, base: str, tag: str, writer: Writer, conditional: bool,
                 where: str) -> bool:
     """Take the tag whose objects live under ``base`` (``.../<tag>/``) for ``writer``;
     return True when this call took it, False when ``writer`` held it already. Raise
-    ConflictError when another writer holds it."""
-    key = base + "traind-writer.json"
+    ClaimHeldError when another writer holds it (the caller looks for its manifest)."""
+    key = base + CLAIM_NAME
+    body = Lease.new(writer).to_json()
     if conditional:
-        if await put_new(ops, key, writer.to_json(), conditional=True):
+        if await put_new(ops, key, body, conditional=True):
             return True
-    elif (data := await get(ops, key)) is None:
+    elif await get(ops, key) is None:
         await _claim_listed(ops, base, tag, writer, where)
-        await put_new(ops, key, writer.to_json(), conditional=False)
+        await put_new(ops, key, body, conditional=False)
         return True
-    data = await get(ops, key)
-    if data is None:  # taken and pruned meanwhile: the next attempt finds it free
+    found = await lease(ops, base)
+    if found is None:  # taken and pruned meanwhile: the next attempt finds it free
         raise TransientStorageError(f"{tag}: the claim in {where} vanished; retrying")
-    check_claim(tag, writer, Writer.from_json(data), where)
+    check_lease(tag, writer, found[0], None, where)
     return False
+
+
+async def renew(ops: Ops, base: str, tag: str, writer: Writer, at: float | None,
+                conditional: bool, where: str) -> None:
+    """Rewrite ``writer``'s claim renewed ``at``, with ``If-Match`` on its ETag where the
+    store has conditional writes (a takeover in between makes it fail: the tag is lost);
+    raise ConflictError when the claim is not ``writer``'s."""
+    found = await lease(ops, base)
+    held = check_held(tag, writer, found[0] if found else None, where)
+    etag = found[1] if found and conditional else None
+    if not await replace(ops, base + CLAIM_NAME, held.renewed(at).to_json(), etag):
+        after = await lease(ops, base)
+        check_held(tag, writer, after[0] if after else None, where)
+        raise TransientStorageError(f"{tag}: the claim in {where} changed while renewed")
 
 
 async def _claim_listed(ops: Ops, base: str, tag: str, writer: Writer, where: str) -> None:
     mine = f"{base}{CLAIMS_DIR}{writer.id}.json"
     await put_new(ops, mine, writer.to_json(), conditional=False)
-    if not (others := await _claimants(ops, base, writer)):
+    if not await _claimants(ops, base, writer):
         return
-    await ops.call("delete_object", mine)  # withdraw: at most one of two still sees the other
-    if others := await _claimants(ops, base, writer):
-        check_claim(tag, writer, others[0], where)
+    # Withdraw and retry: the next attempt finds the winner's claim object (and waits on it
+    # like any held claim), or the tag free again when every claimant withdrew.
+    await ops.call("delete_object", mine)
     raise TransientStorageError(f"{tag}: two writers claimed it at once in {where}; retrying")
 
 
@@ -122,3 +166,40 @@ async def _claimants(ops: Ops, base: str, writer: Writer) -> list[Writer]:
             if data is not None:
                 others.append(Writer.from_json(data))
     return others
+
+
+async def take_over(ops: Ops, base: str, stale: Lease, writer: Writer, conditional: bool,
+                    delete_batch: Callable[[list[str]], Awaitable[None]]) -> bool:
+    """Take the stale claim ``stale`` and remove every object of its writer under ``base``
+    (multipart uploads under way too); return False when another writer takes it over or
+    it was renewed. With conditional writes the claim is replaced by ``writer``'s own with
+    ``If-Match`` (the stale writer's next renewal fails); without, two takers at one
+    instant may both go on, and the claim after it is decided by the listing protocol."""
+    if not await put_new(ops, base + stale.marker, writer.to_json(), conditional):
+        return False
+    found = await lease(ops, base)
+    if found is None or found[0] != stale or (conditional and not await replace(
+            ops, base + CLAIM_NAME, Lease.new(writer).to_json(), found[1])):
+        await ops.call("delete_object", base + stale.marker)  # renewed: its writer lives
+        return False
+    markers: dict[str, Any] = {}
+    while True:
+        page = await ops.call("list_multipart_uploads", Prefix=base, **markers)
+        for upload in page.get("Uploads", []):
+            with contextlib.suppress(StorageError):  # finished or aborted meanwhile
+                await ops.call("abort_multipart_upload", upload["Key"],
+                               UploadId=upload["UploadId"])
+        if not page.get("IsTruncated"):
+            break
+        markers = {"KeyMarker": page["NextKeyMarker"],
+                   "UploadIdMarker": page["NextUploadIdMarker"]}
+    while True:
+        page = await ops.call("list_objects_v2", Prefix=base, MaxKeys=1000)
+        keys = [k for obj in page.get("Contents", [])
+                if not is_claim_file((k := str(obj["Key"]))[len(base):])]
+        if not keys:
+            break
+        await delete_batch(keys)
+    if not conditional:
+        await ops.call("delete_object", base + CLAIM_NAME)
+    return True

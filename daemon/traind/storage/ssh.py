@@ -24,10 +24,10 @@ import structlog
 
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer, listed
 from traind.config import SSHStorage
-from traind.errors import ConflictError, IntegrityError, StorageError, TransientStorageError
+from traind.errors import IntegrityError, StorageError, TransientStorageError
 from traind.storage import ssh_rsync
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import check_claim, check_committed
+from traind.storage.claim import Lease, check_committed, check_held, check_lease, is_claim_file
 from traind.storage.keys import (
     CLAIM_NAME,
     MANIFEST_NAME,
@@ -123,17 +123,16 @@ class SSHBackend:
 
         async def op(sftp: asyncssh.SFTPClient) -> tuple[bytes | None, bytes | None]:
             await makedirs(sftp, {base})
-            claimed = None if await create_new(sftp, path, writer.to_json()) else (
+            claimed = None if await create_new(sftp, path, Lease.new(writer).to_json()) else (
                 await read_bytes(sftp, path) or b"")
             return claimed, await read_bytes(sftp, posixpath.join(base, MANIFEST_NAME))
 
         claimed, data = await self._link.call(f"claim {base}", op)
+        if claimed == b"":  # taken over or pruned meanwhile: the next attempt finds it free
+            raise TransientStorageError(f"{tag}: the claim {self._where(path)} vanished")
         if claimed is not None:
-            try:
-                check_claim(tag, writer, Writer.from_json(claimed), self._where(path))
-            except ConflictError as exc:
-                exc.committed = Manifest.from_json(data) if data else None
-                raise
+            check_lease(tag, writer, Lease.from_json(claimed),
+                        Manifest.from_json(data) if data else None, self._where(path))
             return
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, Manifest.from_json(data) if data else None,
@@ -141,6 +140,53 @@ class SSHBackend:
         except StorageError:
             await self._link.call(f"unclaim {base}", lambda sftp: remove(sftp, path))
             raise
+
+    async def _lease(self, tag: str) -> Lease | None:
+        path = posixpath.join(self._tag_dir(tag), CLAIM_NAME)
+        data = await self._link.call(f"read {path}", lambda sftp: read_bytes(sftp, path))
+        return Lease.from_json(data) if data is not None else None
+
+    async def renew(self, tag: str, writer: Writer) -> None:
+        """Rewrite this writer's claim renewed now; ConflictError once it is not its own."""
+        await self._renew(tag, writer, None)
+
+    async def release(self, tag: str, writer: Writer) -> None:
+        """Mark this writer's claim stale at once; another's is left alone."""
+        found = await self._lease(tag)
+        if found is not None and found.writer.id == writer.id:
+            await self._renew(tag, writer, 0.0)
+
+    async def _renew(self, tag: str, writer: Writer, at: float | None) -> None:
+        path = posixpath.join(self._tag_dir(tag), CLAIM_NAME)
+        found = check_held(tag, writer, await self._lease(tag), self._where(path))
+        body = found.renewed(at).to_json()
+        await self._link.call(f"renew {path}", lambda sftp: write_bytes(sftp, path, body))
+
+    async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
+        """Create the takeover marker exclusively, then remove the stale writer's files and
+        its claim; False when another writer got the marker or the claim was renewed."""
+        base = self._tag_dir(tag)
+        claim, marker = posixpath.join(base, CLAIM_NAME), posixpath.join(base, stale.marker)
+
+        async def op(sftp: asyncssh.SFTPClient) -> bool:
+            if not await create_new(sftp, marker, writer.to_json()):
+                return False
+            found = await read_bytes(sftp, claim)
+            if found is None or Lease.from_json(found) != stale:  # renewed: its writer lives
+                await remove(sftp, marker)
+                return False
+            for entry in await sftp.readdir(base):
+                name = str(entry.filename)
+                if name in {".", ".."} or is_claim_file(name):
+                    continue
+                if entry.attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY:
+                    await sftp.rmtree(posixpath.join(base, name))
+                else:
+                    await remove(sftp, posixpath.join(base, name))
+            await remove(sftp, claim)
+            return True
+
+        return await self._link.call(f"take over {base}", op)
 
     async def commit(self, manifest: Manifest) -> None:
         """Create the manifest exclusively (written whole, then linked): now the checkpoint

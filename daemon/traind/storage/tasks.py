@@ -1,4 +1,5 @@
-"""Concurrency for backends: a TaskGroup whose failure is one error, not an ExceptionGroup.
+"""Concurrency for backends: a TaskGroup whose failure is one error, not an ExceptionGroup,
+and slots that bound how many of its tasks run at once.
 
 The streamer and the CLI expect a StorageError (or the cancellation) itself. When several
 tasks fail at once, a permanent error wins over a transient one, so the caller does not
@@ -9,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from traind.errors import TransientStorageError
+
+T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
@@ -32,3 +36,27 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     for exc in group.exceptions:
         found += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
     return found
+
+
+class Slots:
+    """At most ``count`` calls at once; once one has failed, none still waiting starts.
+
+    A failing task's slot is handed on before its task group cancels the others, and work a
+    woken task hands to a thread would run on regardless (a file copied after its upload
+    already failed, say): such a task is cancelled instead of running.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._free = asyncio.Semaphore(count)
+        self._failed = False
+
+    async def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Await ``fn()`` in a free slot."""
+        async with self._free:
+            if self._failed:
+                raise asyncio.CancelledError  # the group is failing: this one never starts
+            try:
+                return await fn()
+            except BaseException:
+                self._failed = True
+                raise

@@ -13,7 +13,7 @@ from tests.support.writers import check_one_writer_each, close, race, side
 
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer
 from traind.config import LocalStorage
-from traind.errors import ConflictError
+from traind.errors import ClaimHeldError, ConflictError
 from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.storage.local import LocalBackend
 from traind.storage.memory import MemoryBackend
@@ -41,18 +41,23 @@ async def test_two_streamers_same_tags_one_writer_each(tmp_path: Path) -> None:
 
 
 async def test_second_writer_sends_no_byte_over_the_first(tmp_path: Path) -> None:
-    """A writer finding the tag claimed by another stops before its first data byte: the
-    first writer's half-uploaded objects stay as they were (same inode, same bytes)."""
+    """A writer finding the tag claimed by another (its upload live) waits before its
+    first data byte, journal still 'ready': the first writer's half-uploaded objects stay
+    as they were (same inode, same bytes)."""
     store = local(tmp_path)
     await store.claim("checkpoint-1", A)
     tag_dir = tmp_path / "store" / "run1" / "checkpoint-1"
     (tag_dir / "shard-0.bin").write_bytes(b"first writer's bytes")
     inode = (tag_dir / "shard-0.bin").stat().st_ino
-    sides = await race(tmp_path, (local(tmp_path), local(tmp_path)), steps=1)
+    sides = await race(tmp_path, (local(tmp_path), local(tmp_path)), steps=1, wait_held=1.0)
     try:
-        assert [s.lost for s in sides] == [["checkpoint-1"], ["checkpoint-1"]]
+        assert all(isinstance(s.outcome["checkpoint-1"], ClaimHeldError) for s in sides)
         assert {str(A)} == {s.outcome["checkpoint-1"].theirs  # type: ignore[union-attr]
                             for s in sides}
+        for s in sides:
+            entry = await s.journal.get("checkpoint-1")
+            assert entry is not None
+            assert entry.state == "ready"
     finally:
         close(sides)
     assert (tag_dir / "shard-0.bin").read_bytes() == b"first writer's bytes"
@@ -62,7 +67,8 @@ async def test_second_writer_sends_no_byte_over_the_first(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("kind", ["local", "memory"])
 async def test_racing_claims_exactly_one_wins(tmp_path: Path, kind: str) -> None:
-    """Sixteen writers claiming one tag at once: exactly one gets it, the rest conflict."""
+    """Sixteen writers claiming one tag at once: exactly one gets it, the rest are told
+    it is held (ClaimHeldError, a ConflictError naming the winner)."""
     shared = MemoryBackend()
     writers = [Writer(f"{n:032x}", f"host-{n}") for n in range(16)]
     stores = [local(tmp_path) if kind == "local" else shared for _ in writers]

@@ -97,8 +97,9 @@ def test_two_daemons_same_run_one_writer_per_checkpoint(
 def test_push_of_a_tag_another_writer_is_uploading_fails(
     tmp_path: Path, storage_section: str
 ) -> None:
-    """``traind push`` of a tag another host has claimed (its upload under way) exits 1
-    naming both writers, sends nothing and commits nothing; the source stays."""
+    """``traind push`` of a tag another host has claimed (its upload under way, its claim
+    fresh) exits 1 naming both writers and the held claim, sends nothing and commits
+    nothing; the source stays."""
     cfg = host_config(tmp_path, "b", storage_section)
     other = Writer("a" * 32, "host-a")
 
@@ -115,7 +116,7 @@ def test_push_of_a_tag_another_writer_is_uploading_fails(
     pushed = traind("push", "-c", str(cfg), str(src / "checkpoint-1"))
     assert pushed.returncode == 1
     assert f"belongs to writer {other}" in pushed.stderr
-    assert "checkpoint_conflict" in pushed.stderr
+    assert "checkpoint_claim_held" in pushed.stderr
     listed = traind("list", "-c", str(cfg), "--json")
     assert json.loads(listed.stdout) == []
     assert tree(src / "checkpoint-1") == hashes

@@ -1,0 +1,51 @@
+"""Bounded fan-out for backends: once one call fails, no call still waiting starts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from traind.errors import StorageError
+from traind.storage.tasks import Slots, task_group
+
+
+async def test_after_a_failure_no_waiting_call_starts() -> None:
+    """A call waiting for the slot a failing one held is cancelled, never started (work it
+    would hand to a thread could not be stopped), and the failure is what the group raises."""
+    slots = Slots(1)
+    started: list[str] = []
+
+    async def fails() -> None:
+        started.append("first")
+        raise StorageError("boom")
+
+    async def waits() -> None:
+        started.append("second")
+
+    async def both() -> None:
+        async with task_group() as tg:
+            tg.create_task(slots.run(fails))
+            tg.create_task(slots.run(waits))
+
+    with pytest.raises(StorageError, match="boom"):
+        await both()
+    assert started == ["first"]
+
+
+async def test_slots_bound_how_many_run_at_once() -> None:
+    """No more than ``count`` calls run at the same time, and every result comes back."""
+    slots, running, most = Slots(2), 0, 0
+
+    async def one(n: int) -> int:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return n
+
+    async with task_group() as tg:
+        tasks = [tg.create_task(slots.run(lambda n=n: one(n))) for n in range(6)]
+    assert most == 2
+    assert [t.result() for t in tasks] == list(range(6))
