@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,3 +167,22 @@ async def check_own_bytes(who: Side, store: Storage, tag: str, tmp_path: Path) -
     dest = await restore(store, manifest, tmp_path / "pulled" / who.root.name / tag)
     got = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in dest.iterdir()}
     assert got == who.written[tag]
+
+
+async def race_for_stale_claim(tmp_path: Path, store: Callable[[], Storage],
+                               tag: str = "checkpoint-1") -> None:
+    """A writer dies mid-upload of ``tag``; two writers (each with a store of its own from
+    ``store``) meet its stale claim at once: exactly one takes it over and commits its own
+    bytes, the other meets that commit as a conflict."""
+    dead = await dead_writer(tmp_path, store(), tag)
+    sides = [await side(tmp_path, n, store(), steps=1, claim_ttl=1.0) for n in "bc"]
+    await asyncio.sleep(1.2)
+    try:
+        outcomes = await asyncio.gather(*(commit_when_stale(s, tag) for s in sides),
+                                        return_exceptions=True)
+        won = [s for s, o in zip(sides, outcomes, strict=True) if isinstance(o, Manifest)]
+        assert len(won) == 1, outcomes
+        assert [type(o) for o in outcomes if not isinstance(o, Manifest)] == [ConflictError]
+        await check_own_bytes(won[0], store(), tag, tmp_path)
+    finally:
+        close([dead, *sides])

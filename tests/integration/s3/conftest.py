@@ -145,3 +145,12 @@ def puts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> lis
 
     monkeypatch.setattr(Direct, "put", spy)
     return seen
+
+
+@pytest.fixture(params=["conditional", "listed"])
+def claim_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the backend claims tags: If-None-Match, or (TRAIND_S3_CONDITIONAL=0) listing."""
+    monkeypatch.delenv("TRAIND_S3_CONDITIONAL", raising=False)
+    if request.param == "listed":
+        monkeypatch.setenv("TRAIND_S3_CONDITIONAL", "0")
+    return str(request.param)

@@ -12,24 +12,21 @@ import pytest
 from structlog.testing import capture_logs
 from tests.integration.s3.conftest import MIB, s3_config
 from tests.support.seaweed import SeaweedS3
-from tests.support.writers import check_own_bytes, close, commit_when_stale, dead_writer, side
+from tests.support.writers import (
+    check_own_bytes,
+    close,
+    commit_when_stale,
+    dead_writer,
+    race_for_stale_claim,
+    side,
+)
 
-from traind.checkpoints.manifest import Manifest
 from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError
 from traind.storage.s3 import S3Backend
 
 TAG = "checkpoint-1"
 PREFIX = f"ckpts/run1/{TAG}/"
-
-
-@pytest.fixture(params=["conditional", "listed"])
-def claim_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How the backend claims tags: If-None-Match, or (TRAIND_S3_CONDITIONAL=0) listing."""
-    monkeypatch.delenv("TRAIND_S3_CONDITIONAL", raising=False)
-    if request.param == "listed":
-        monkeypatch.setenv("TRAIND_S3_CONDITIONAL", "0")
-    return str(request.param)
 
 
 async def test_a_dead_writers_claim_is_taken_over_with_all_it_left(
@@ -71,18 +68,7 @@ async def test_two_takers_of_a_stale_claim_one_wins(
     """Two writers (own clients) meeting one stale claim at once on S3: the conditional
     create of the takeover marker lets exactly one through; the other meets its commit."""
     config = s3_config(s3_server, bucket)
-    dead = await dead_writer(tmp_path, backends(config))
-    sides = [await side(tmp_path, n, backends(config), steps=1, claim_ttl=1.0) for n in "bc"]
-    await asyncio.sleep(1.2)
-    try:
-        outcomes = await asyncio.gather(*(commit_when_stale(s, TAG) for s in sides),
-                                        return_exceptions=True)
-        won = [s for s, o in zip(sides, outcomes, strict=True) if isinstance(o, Manifest)]
-        assert len(won) == 1, outcomes
-        assert [type(o) for o in outcomes if not isinstance(o, Manifest)] == [ConflictError]
-        await check_own_bytes(won[0], backends(config), TAG, tmp_path)
-    finally:
-        close([dead, *sides])
+    await race_for_stale_claim(tmp_path, lambda: backends(config), TAG)
 
 
 async def test_a_slow_live_writer_renews_and_is_never_taken_over(

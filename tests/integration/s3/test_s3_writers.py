@@ -19,15 +19,6 @@ from traind.storage import s3_claim
 from traind.storage.s3 import S3Backend
 
 
-@pytest.fixture(params=["conditional", "listed"])
-def claim_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How the backend claims tags: If-None-Match, or (TRAIND_S3_CONDITIONAL=0) listing."""
-    monkeypatch.delenv("TRAIND_S3_CONDITIONAL", raising=False)
-    if request.param == "listed":
-        monkeypatch.setenv("TRAIND_S3_CONDITIONAL", "0")
-    return str(request.param)
-
-
 async def test_probe_says_which_claim_the_store_gets(
     s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
     claim_mode: str,

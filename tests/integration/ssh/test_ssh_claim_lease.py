@@ -3,16 +3,19 @@ with everything it left, and of two takers one wins."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from structlog.testing import capture_logs
 from tests.integration.ssh.conftest import MakeBackend
 from tests.support.sshd import SSHServer
-from tests.support.writers import check_own_bytes, close, commit_when_stale, dead_writer, side
-
-from traind.checkpoints.manifest import Manifest
-from traind.errors import ConflictError
+from tests.support.writers import (
+    check_own_bytes,
+    close,
+    commit_when_stale,
+    dead_writer,
+    race_for_stale_claim,
+    side,
+)
 
 TAG = "checkpoint-1"
 
@@ -45,15 +48,4 @@ async def test_two_takers_of_a_stale_claim_one_wins(
 ) -> None:
     """Two writers (own connections) meeting one stale claim at once: the exclusive create
     of the takeover marker lets one through; the other meets its commit."""
-    dead = await dead_writer(tmp_path, make_backend(sshd))
-    sides = [await side(tmp_path, n, make_backend(sshd), steps=1, claim_ttl=1.0) for n in "bc"]
-    await asyncio.sleep(1.2)
-    try:
-        outcomes = await asyncio.gather(*(commit_when_stale(s, TAG) for s in sides),
-                                        return_exceptions=True)
-        won = [s for s, o in zip(sides, outcomes, strict=True) if isinstance(o, Manifest)]
-        assert len(won) == 1, outcomes
-        assert [type(o) for o in outcomes if not isinstance(o, Manifest)] == [ConflictError]
-        await check_own_bytes(won[0], make_backend(sshd), TAG, tmp_path)
-    finally:
-        close([dead, *sides])
+    await race_for_stale_claim(tmp_path, lambda: make_backend(sshd), TAG)
