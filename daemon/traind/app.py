@@ -41,6 +41,11 @@ log = structlog.get_logger("traind.app")
 
 _STORE_RETRY = (1.0, 60.0)
 """Waiting for a store that cannot be reached: the first pause and the cap, in seconds."""
+_NOT_YET_MULTINODE = (
+    "run.nodes = {nodes}: this traind commits a checkpoint from one host only; with several "
+    "hosts each would commit its own part as the whole checkpoint (or be refused as a second "
+    "writer), so it does not start: run one traind per job (run.nodes = 1) until parts land"
+)
 _WAITING_HINT = ("waiting for the store before the trainer starts: output_dir holds no "
                  "checkpoint to resume from, and the store may hold a newer one")
 
@@ -137,6 +142,7 @@ class Daemon:
         """Stop what a killed predecessor left running, restore if this is a fresh host,
         recover unfinished work, build the watcher."""
         s = self.settings
+        node = config.node_rank(s)
         log.info(
             "daemon_starting",
             run=s.run.name,
@@ -144,7 +150,12 @@ class Daemon:
             output_dir=str(s.run.output_dir),
             state_dir=str(s.run.state_dir),
             backend=self.storage.describe,
+            nodes=node.nodes,
+            node_rank=node.rank,
+            node_rank_from=node.source,
         )
+        if node.nodes > 1:
+            raise TraindError(_NOT_YET_MULTINODE.format(nodes=node.nodes))
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
         for pinned in self._dropped_at_open:  # let go to open the journal at all
             await self.journal.set_state(pinned.tag, "dropped")
