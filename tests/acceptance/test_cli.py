@@ -487,8 +487,9 @@ def test_status_url_and_socket_say_what_they_could_not_reach(tmp_path: Path) -> 
 
 def test_run_names_the_node_rank_and_its_source(cfg: Path) -> None:
     """`traind run` with run.nodes = 2 says at start-up which rank it is and which scheduler
-    variable gave it, then refuses to run: parts of a checkpoint are not committed yet."""
-    env = {"TRAIND_RUN__NODES": "2", "SKYPILOT_NODE_RANK": "1", "NODE_RANK": "0"}
+    variable gave it; with a [trainer] it then refuses to run (no agreed resume point yet)."""
+    env = {"TRAIND_RUN__NODES": "2", "SKYPILOT_NODE_RANK": "1", "NODE_RANK": "0",
+           "TRAIND_TRAINER__COMMAND": '["true"]'}
     daemon = DaemonProcess(cfg, env=env)
     try:
         started = daemon.wait_for("daemon_starting", timeout=60)
@@ -497,7 +498,7 @@ def test_run_names_the_node_rank_and_its_source(cfg: Path) -> None:
         daemon.kill()
     assert (started["nodes"], started["node_rank"]) == (2, 1)
     assert started["node_rank_from"] == "$SKYPILOT_NODE_RANK"
-    assert "run.nodes = 2: this traind commits a checkpoint from one host only" in "".join(
+    assert "run.nodes = 2: [trainer] is not supported with several nodes yet" in "".join(
         daemon.raw)
     assert not (cfg.parent / "store").exists()
 

@@ -19,11 +19,17 @@ from traind.errors import IntegrityError
 from traind.storage.keys import check_relpath, check_tag
 
 PART_PREFIX = "traind-part-"
+PART_CLAIM_PREFIX = "traind-writer-"
 
 
 def part_name(rank: int) -> str:
     """The part manifest's name beside the checkpoint's files: ``traind-part-<rank>.json``."""
     return f"{PART_PREFIX}{rank}.json"
+
+
+def part_claim_name(rank: int) -> str:
+    """The claim on node ``rank``'s part of a tag: ``traind-writer-<rank>.json``."""
+    return f"{PART_CLAIM_PREFIX}{rank}.json"
 
 
 @dataclass(frozen=True)

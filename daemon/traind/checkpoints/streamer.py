@@ -20,11 +20,13 @@ from traind.checkpoints import snapshot, writer
 from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer, read_trainer_facts
+from traind.checkpoints.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.checkpoints.restore import identity
 from traind.checkpoints.watcher import StageResult, parse_step
 from traind.errors import ConflictError, StorageError, TraindError
+from traind.nodes import NodeRank
 from traind.progress import Progress, shown
-from traind.storage.base import LocalFile, Storage
+from traind.storage.base import LocalFile, PartStore, Storage
 from traind.storage.fileio import hash_file
 
 log = structlog.get_logger("traind.streamer")
@@ -47,8 +49,12 @@ class Streamer:
         on_commit: OnCommit | None = None,
         retry_initial: float = 1.0,
         retry_max: float = 300.0,
+        node: NodeRank | None = None,
     ) -> None:
         self._run = run
+        self._node = node if node is not None and node.nodes > 1 else None
+        """This host in a multi-node job (its checkpoints are parts), None on one node."""
+        self._waits: dict[str, int] = {}
         self._state_dir = state_dir
         self._writer: Writer | None = None
         self.staging = staging_dir(state_dir, journal.run)
@@ -159,6 +165,12 @@ class Streamer:
             except snapshot.RewrittenError as exc:
                 await self._rewritten(exc)
                 self._pending.discard(tag)  # the watcher has it again
+            except PartsPendingError:
+                self._failures.pop(tag, None)
+                self._wait_for_parts(tag)  # still pending
+            except PartsDisagreeError as exc:
+                await self._parts_disagree(tag, exc)
+                self._pending.discard(tag)  # never retried: the parts cannot be one whole
             except ConflictError:
                 self._failures.pop(tag, None)
                 self._pending.discard(tag)  # never retried: the tag is another writer's
@@ -209,6 +221,23 @@ class Streamer:
         delay = doubling(n - 1, initial, cap)
         log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
         asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
+
+    def _wait_for_parts(self, tag: str) -> None:
+        """Look again at ``tag``'s parts in a while: the other hosts' are still coming."""
+        n = self._waits[tag] = self._waits.get(tag, 0) + 1
+        asyncio.get_running_loop().call_later(doubling(n - 1, 0.5, 10.0),
+                                              self._queue.put_nowait, tag)
+
+    async def _parts_disagree(self, tag: str, exc: PartsDisagreeError) -> None:
+        """The hosts' parts of ``tag`` cannot make one checkpoint: stop for good, loudly,
+        and keep the local copy."""
+        self._waits.pop(tag, None)
+        self._failures.pop(tag, None)
+        await self._journal.set_state(tag, "conflict")
+        log.error("checkpoint_parts_disagree", tag=tag, error=str(exc),
+                  backend=self.storage.describe, kept=str(self.staging / tag),
+                  hint="the hosts of the job saved different bytes under one path (or "
+                       "different steps under one tag); this checkpoint is never committed")
 
     async def drop(self, tag: str) -> None:
         """Let go of the snapshot of ``tag`` without storing it (not the one in flight):
@@ -331,7 +360,11 @@ class Streamer:
         root = self.staging / tag
         started = time.monotonic()
         ours = await self.writer()
-        await self.storage.claim(tag, ours)  # before any byte: never over another's objects
+        parts = self._part_store()
+        if parts is not None and self._node is not None:
+            await parts.claim_part(tag, self._node.rank, ours)
+        else:
+            await self.storage.claim(tag, ours)  # before any byte: never over another's objects
         await self._journal.begin_upload(tag, self.storage.describe)
         stored = await self._journal.files(tag)
         await _unchanged(tag, root, stored)
@@ -341,7 +374,8 @@ class Streamer:
         self.current = (tag, progress)
         if pending:
             session = JournalSession(self._journal, tag, _fan_out(progress.advance, self.on_sent))
-            upload = self.storage.upload(tag, root, pending, session)
+            send = parts.upload_part if parts is not None else self.storage.upload
+            upload = send(tag, root, pending, session)
             if shown_by_caller:
                 await upload
             else:
@@ -360,7 +394,11 @@ class Streamer:
             trainer=await asyncio.to_thread(read_trainer_facts, root),
             writer=ours,
         )
-        await self.storage.commit(manifest)
+        if parts is not None:
+            manifest = await self._commit_union(parts, manifest)
+        else:
+            await self.storage.commit(manifest)
+        self._waits.pop(tag, None)
         await self._journal.set_state(tag, "committed")
         await asyncio.to_thread(shutil.rmtree, root, True)
         seconds = time.monotonic() - started
@@ -373,6 +411,49 @@ class Streamer:
         if self._on_commit is not None:
             await self._on_commit(manifest)
         return manifest
+
+
+    def _part_store(self) -> PartStore | None:
+        """The store as a PartStore when this host is one of several, else None."""
+        if self._node is None:
+            return None
+        if not isinstance(self.storage, PartStore):
+            raise StorageError(f"{self.storage.describe} cannot store parts of a multi-node "
+                               "checkpoint (run.nodes > 1 needs storage.type = \"local\")")
+        return self.storage
+
+    async def _commit_union(self, store: PartStore, mine: Manifest) -> Manifest:
+        """Store this host's part of ``mine.tag``, then commit the union when every part is
+        in (whichever host's part lands last commits; the others' commits find the same
+        files committed); raise PartsPendingError while some are missing."""
+        assert self._node is not None
+        ours = mine.writer or await self.writer()
+        await store.commit_part(Part(mine.run, mine.tag, mine.step, self._node.rank,
+                                     self._node.nodes, ours, mine.files, mine.trainer))
+        decision = union(mine.tag, await store.parts(mine.tag), self._node.nodes, ours)
+        if isinstance(decision, Incomplete):
+            if self._waits.get(mine.tag) is None:
+                log.info("checkpoint_part_stored", tag=mine.tag, step=mine.step,
+                         node_rank=self._node.rank, files=len(mine.files),
+                         present=list(decision.present), missing=list(decision.missing))
+            raise PartsPendingError(mine.tag, decision)
+        try:
+            await self.storage.commit(decision)
+        except ConflictError as exc:  # another host's commit of the same union came first
+            if exc.committed is None or exc.committed.files != decision.files:
+                raise
+            decision = exc.committed
+        return decision
+
+
+class PartsPendingError(TraindError):
+    """This host's part is stored; other hosts' parts are still missing."""
+
+    def __init__(self, tag: str, state: Incomplete) -> None:
+        self.tag = tag
+        self.state = state
+        super().__init__(f"{tag}: waiting for the parts of nodes "
+                         f"{', '.join(map(str, state.missing))}")
 
 
 async def _unchanged(tag: str, root: Path, stored: list[StoredFile]) -> None:

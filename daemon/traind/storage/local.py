@@ -10,16 +10,25 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import threading
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from traind.checkpoints.manifest import Manifest, Writer, listed
+from traind.checkpoints.parts import (
+    PART_CLAIM_PREFIX,
+    PART_PREFIX,
+    Part,
+    PartsDisagreeError,
+    part_claim_name,
+    part_name,
+)
 from traind.config import LocalStorage
 from traind.errors import ConflictError, IntegrityError, StorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import check_claim, check_committed
-from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir
+from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash_file
 from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.tasks import task_group
 
@@ -69,9 +78,56 @@ class LocalBackend:
             return
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, self._manifest(tag), self.describe)
+            if (holder := _part_holder(path.parent)) is not None:  # a multi-node job's tag
+                raise ConflictError(tag, str(writer), str(holder), str(path.parent))
         except BaseException:
             path.unlink(missing_ok=True)
             raise
+
+    async def claim_part(self, tag: str, rank: int, writer: Writer) -> None:
+        await _io(self._claim_part, tag, rank, writer)
+
+    def _claim_part(self, tag: str, rank: int, writer: Writer) -> None:
+        path = self._root / check_tag(tag) / part_claim_name(rank)
+        made = create_exclusive(path, writer.to_json())
+        if not made:
+            check_claim(tag, writer, Writer.from_json(path.read_bytes()), str(path))
+        whole = path.with_name(CLAIM_NAME)  # checked after ours exists: a racing single
+        if whole.is_file():  # writer checks for parts after its claim exists, so one sees
+            if made:  # the other
+                path.unlink(missing_ok=True)
+            raise ConflictError(tag, str(writer), str(Writer.from_json(whole.read_bytes())),
+                                str(whole))
+
+    async def upload_part(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        dest = self._root / check_tag(tag)
+        limit = asyncio.Semaphore(self._concurrency)
+
+        async def one(f: LocalFile) -> None:
+            async with limit:
+                target = dest / check_relpath(f.path)
+                sha = await _io(_store_file_once, tag, root / f.path, target, session.advance)
+                await session.file_done(f.path, sha)
+
+        async with task_group() as tg:
+            for f in files:
+                tg.create_task(one(f))
+
+    async def commit_part(self, part: Part) -> None:
+        target = self._root / check_tag(part.tag) / part_name(part.node_rank)
+        await _io(_write_atomic, target, part.to_json())
+
+    async def parts(self, tag: str) -> list[Part]:
+        return await _io(self._read_parts, self._root / check_tag(tag))
+
+    @staticmethod
+    def _read_parts(tag_dir: Path) -> list[Part]:
+        if not tag_dir.is_dir():
+            return []
+        return [Part.from_json(p.read_bytes()) for p in sorted(tag_dir.glob(f"{PART_PREFIX}*"))
+                if p.name.endswith(".json")]
 
     def _manifest(self, tag: str) -> Manifest | None:
         path = self._root / tag / MANIFEST_NAME
@@ -166,6 +222,34 @@ def _store_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
     result = copy_hashed(src, part, advance)
     os.replace(part, target)
     return result
+
+
+def _part_holder(tag_dir: Path) -> Writer | None:
+    """A writer holding some node's part of the tag in ``tag_dir``, if any."""
+    for claim in tag_dir.glob(f"{PART_CLAIM_PREFIX}*.json"):
+        return Writer.from_json(claim.read_bytes())
+    return None
+
+
+def _store_file_once(tag: str, src: Path, target: Path, advance: Advance) -> str:
+    """Store a part's file under a name of its own, then link it into place unless another
+    host stored that path already: kept when the bytes agree, PartsDisagreeError if not."""
+    part = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}{PART_SUFFIX}")
+    try:
+        _, sha = copy_hashed(src, part, advance)
+        try:
+            os.link(part, target)
+        except FileExistsError:
+            _, there = hash_file(target)
+            if there != sha:
+                raise PartsDisagreeError(
+                    f"{tag}: {target.name} in the store ({target}) differs from this host's "
+                    f"(sha256 {there[:12]}… != {sha[:12]}…); another node saved other bytes "
+                    "under the same path") from None
+    finally:
+        part.unlink(missing_ok=True)
+    fsync_dir(target.parent)
+    return sha
 
 
 def _fetch_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:

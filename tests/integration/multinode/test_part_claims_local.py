@@ -1,0 +1,85 @@
+"""The local store's parts: one claim per (tag, node rank), a single writer's tag and a
+job's tag never mixed, and a path two hosts store kept only when the bytes agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from traind.checkpoints.manifest import Writer
+from traind.checkpoints.parts import PartsDisagreeError
+from traind.config import LocalStorage
+from traind.errors import ConflictError
+from traind.storage.base import LocalFile
+from traind.storage.local import LocalBackend
+
+W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
+TAG = "checkpoint-4"
+
+
+class Session:
+    """Records what the backend reports stored."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, str] = {}
+
+    def advance(self, nbytes: int) -> None:
+        return None
+
+    async def file_done(self, path: str, sha256: str) -> None:
+        self.done[path] = sha256
+
+    async def load_state(self, path: str) -> str | None:
+        return None
+
+    async def save_state(self, path: str, state: str) -> None:
+        return None
+
+
+def store(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+
+
+async def test_each_rank_claims_its_own_part(tmp_path: Path) -> None:
+    """Two hosts claim ranks 0 and 1 of one tag; a second writer for a rank is refused, and
+    a retried claim by its holder is not."""
+    backend = store(tmp_path)
+    await backend.claim_part(TAG, 0, W0)
+    await backend.claim_part(TAG, 1, W1)
+    await backend.claim_part(TAG, 1, W1)
+    with pytest.raises(ConflictError, match="belongs to writer 111111111111@node1"):
+        await backend.claim_part(TAG, 1, OTHER)
+
+
+async def test_single_writer_and_parts_never_share_a_tag(tmp_path: Path) -> None:
+    """A traind of one node cannot take a job's tag, nor a job's host one a single writer
+    took: anything else writing there is still a conflict."""
+    backend = store(tmp_path)
+    await backend.claim_part(TAG, 0, W0)
+    with pytest.raises(ConflictError):
+        await backend.claim(TAG, OTHER)
+    assert not (tmp_path / "store" / "run" / TAG / "traind-writer.json").exists()
+    await backend.claim("checkpoint-5", OTHER)
+    with pytest.raises(ConflictError):
+        await backend.claim_part("checkpoint-5", 1, W1)
+    assert not (tmp_path / "store" / "run" / "checkpoint-5" / "traind-writer-1.json").exists()
+
+
+async def test_same_path_is_stored_once_and_never_overwritten(tmp_path: Path) -> None:
+    """The same relative path from two hosts: equal bytes are kept as they are, other
+    bytes are refused and the stored file is left untouched."""
+    backend = store(tmp_path)
+    hosts = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    for root, text in zip(hosts, ["same", "same", "diff"], strict=True):
+        root.mkdir()
+        (root / "config.json").write_text(text)
+    for root in hosts[:2]:
+        session = Session()
+        await backend.upload_part(TAG, root, [LocalFile("config.json", 4)], session)
+        assert set(session.done) == {"config.json"}
+    with pytest.raises(PartsDisagreeError, match=r"config\.json in the store"):
+        await backend.upload_part(TAG, hosts[2], [LocalFile("config.json", 4)], Session())
+    stored = tmp_path / "store" / "run" / TAG
+    assert (stored / "config.json").read_text() == "same"
+    assert sorted(p.name for p in stored.iterdir()) == ["config.json"]

@@ -1,0 +1,143 @@
+"""Two hosts of one torch.distributed job, one traind each (own output_dir and state_dir),
+one local store: each host stores its part, the store commits the union once all are in."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.support.daemon import DaemonProcess, write_config
+from tests.support.net import free_port
+from tests.support.requires import need_binary, need_module
+
+from traind.checkpoints.parts import Part, part_name
+from traind.storage.keys import MANIFEST_NAME
+
+SCRIPT = Path(__file__).parents[2] / "support" / "dcp_train.py"
+TAGS = ["checkpoint-1", "checkpoint-2"]
+MARKERS = json.dumps([".metadata", "__1_0.distcp"])  # node 1 never sees .metadata
+RANK_FROM = ("NODE_RANK", "SLURM_NODEID")  # a different scheduler's variable on each host
+
+
+def dcp_job(tmp_path: Path, steps: int, env: dict[str, str] | None = None) -> None:
+    """Run the two-node gloo job to the end: each node saves into its own output_dir."""
+    need_binary("torchrun")
+    need_module("torch")
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            ["torchrun", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+             "--master-addr=127.0.0.1", f"--master-port={port}", str(SCRIPT),
+             str(tmp_path / f"node{rank}" / "out"), str(steps)],
+            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for rank in (0, 1)
+    ]
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0, out
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> list[Path]:
+    """Each host's traind config: the same run and store, run.nodes = 2."""
+    configs = []
+    for rank in (0, 1):
+        root = tmp_path / f"node{rank}"
+        (root / "out").mkdir(parents=True)
+        configs.append(write_config(root / "traind.toml", run="exp", output_dir=root / "out",
+                                    state_dir=root / "state",
+                                    storage=f'type = "local"\npath = "{tmp_path / "store"}"'))
+    return configs
+
+
+def start(cfg: Path, rank: int) -> DaemonProcess:
+    env = {"TRAIND_RUN__NODES": "2", RANK_FROM[rank]: str(rank),
+           "TRAIND_CHECKPOINTS__MARKERS": MARKERS}
+    return DaemonProcess(cfg, env=env)
+
+
+def event(daemon: DaemonProcess, name: str, tag: str, timeout: float = 90) -> dict[str, object]:
+    return daemon.wait_for(lambda e: e.get("event") == name and e.get("tag") == tag, timeout)
+
+
+def test_union_committed_once_every_host_part_is_in(tmp_path: Path, hosts: list[Path]) -> None:
+    """Node 0's daemon alone stores its parts but commits nothing (no checkpoint listed with
+    node 1's part missing); once node 1's daemon starts, late, each checkpoint is committed
+    once with the union of both hosts' files, loadable by torch.distributed.checkpoint."""
+    dcp_job(tmp_path, steps=2)
+    store = tmp_path / "store" / "exp"
+    first = start(hosts[0], 0)
+    second = None
+    try:
+        for tag in TAGS:
+            stored = event(first, "checkpoint_part_stored", tag)
+            assert (stored["node_rank"], stored["missing"]) == (0, [1])
+        assert first.wait_for("daemon_starting")["node_rank_from"] == "$NODE_RANK"
+        assert not list(store.glob(f"*/{MANIFEST_NAME}"))
+        listed = subprocess.run([sys.executable, "-m", "traind", "list", "-c", str(hosts[0])],
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert "checkpoint-" not in listed.stdout
+        second = start(hosts[1], 1)
+        for tag in TAGS:
+            event(second, "checkpoint_committed", tag)
+            event(first, "checkpoint_committed", tag)
+        assert second.wait_for("daemon_starting")["node_rank_from"] == "$SLURM_NODEID"
+        assert first.stop() == 0
+        assert second.stop() == 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    for tag in TAGS:
+        manifest = json.loads((store / tag / MANIFEST_NAME).read_text())
+        assert sorted(f["path"] for f in manifest["files"]) == [
+            ".metadata", "__0_0.distcp", "__1_0.distcp", "config.json"]
+        parts = [Part.from_json((store / tag / part_name(r)).read_bytes()) for r in (0, 1)]
+        assert {f.path for f in parts[1].files} == {"__1_0.distcp", "config.json"}
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": torch.nn.Linear(64, 64).state_dict(), "step": torch.tensor(0)}
+    dcp.load(state, checkpoint_id=store / "checkpoint-2")
+    assert int(state["step"]) == 2
+    torch.manual_seed(0)
+    assert torch.allclose(state["model"]["weight"], torch.nn.Linear(64, 64).weight + 2.0)
+
+
+def test_same_path_with_other_bytes_is_never_committed(
+    tmp_path: Path, hosts: list[Path]
+) -> None:
+    """Both hosts save config.json with different bytes: the second to store it fails the
+    checkpoint loudly (checkpoint_parts_disagree), the first's file is not overwritten, and
+    no manifest is written."""
+    dcp_job(tmp_path, steps=1, env={"DCP_CONFIG_PER_RANK": "1"})
+    store = tmp_path / "store" / "exp" / "checkpoint-1"
+    first = start(hosts[0], 0)
+    second = None
+    try:
+        event(first, "checkpoint_part_stored", "checkpoint-1")
+        second = start(hosts[1], 1)
+        refused = event(second, "checkpoint_parts_disagree", "checkpoint-1")
+        assert "config.json" in str(refused["error"])
+        assert refused["level"] == "error"
+        assert first.stop() == 75  # its part is stored, the checkpoint never committed
+        assert second.stop() == 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    assert json.loads((store / "config.json").read_text()) == {"step": 1, "rank": 0}
+    assert not (store / MANIFEST_NAME).exists()
+    assert (tmp_path / "node1" / "out" / "checkpoint-1" / "config.json").exists()
