@@ -1,5 +1,6 @@
-"""Two hosts of one torch.distributed job, one traind each (own output_dir and state_dir),
-one local store: each host stores its part, the store commits the union once all are in."""
+"""Two and three hosts of one torch.distributed job, one traind each (own output_dir and
+state_dir), one local store: each host stores its part, the union is committed once all
+are in."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.daemon import DaemonProcess, write_config
+from tests.support.daemon import DaemonProcess, Event, write_config
 from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
 
@@ -19,23 +20,24 @@ from traind.storage.keys import MANIFEST_NAME
 
 SCRIPT = Path(__file__).parents[2] / "support" / "dcp_train.py"
 TAGS = ["checkpoint-1", "checkpoint-2"]
-MARKERS = json.dumps([".metadata", "__1_0.distcp"])  # node 1 never sees .metadata
-RANK_FROM = ("NODE_RANK", "SLURM_NODEID")  # a different scheduler's variable on each host
+MARKERS = json.dumps([".metadata", "__1_0.distcp", "__2_0.distcp"])  # only node 0 has .metadata
+RANK_FROM = ("NODE_RANK", "SLURM_NODEID", "JOB_COMPLETION_INDEX")  # one scheduler's per host
 
 
-def dcp_job(tmp_path: Path, steps: int, env: dict[str, str] | None = None) -> None:
-    """Run the two-node gloo job to the end: each node saves into its own output_dir."""
+def dcp_job(tmp_path: Path, steps: int, env: dict[str, str] | None = None, nodes: int = 2
+            ) -> None:
+    """Run the gloo job to the end: each node saves into its own output_dir."""
     need_binary("torchrun")
     need_module("torch")
     port = free_port()
     procs = [
         subprocess.Popen(
-            ["torchrun", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+            ["torchrun", f"--nnodes={nodes}", "--nproc-per-node=1", f"--node-rank={rank}",
              "--master-addr=127.0.0.1", f"--master-port={port}", str(SCRIPT),
              str(tmp_path / f"node{rank}" / "out"), str(steps)],
             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        for rank in (0, 1)
+        for rank in range(nodes)
     ]
     try:
         for proc in procs:
@@ -48,11 +50,10 @@ def dcp_job(tmp_path: Path, steps: int, env: dict[str, str] | None = None) -> No
                 proc.wait(timeout=10)
 
 
-@pytest.fixture
-def hosts(tmp_path: Path) -> list[Path]:
-    """Each host's traind config: the same run and store, run.nodes = 2."""
+def host_configs(tmp_path: Path, nodes: int) -> list[Path]:
+    """Each host's traind config: the same run and store."""
     configs = []
-    for rank in (0, 1):
+    for rank in range(nodes):
         root = tmp_path / f"node{rank}"
         (root / "out").mkdir(parents=True)
         configs.append(write_config(root / "traind.toml", run="exp", output_dir=root / "out",
@@ -61,50 +62,61 @@ def hosts(tmp_path: Path) -> list[Path]:
     return configs
 
 
-def start(cfg: Path, rank: int) -> DaemonProcess:
-    env = {"TRAIND_RUN__NODES": "2", RANK_FROM[rank]: str(rank),
+@pytest.fixture
+def hosts(tmp_path: Path) -> list[Path]:
+    """Two hosts' traind configs."""
+    return host_configs(tmp_path, 2)
+
+
+def start(cfg: Path, rank: int, nodes: int = 2) -> DaemonProcess:
+    env = {"TRAIND_RUN__NODES": str(nodes), RANK_FROM[rank]: str(rank),
            "TRAIND_CHECKPOINTS__MARKERS": MARKERS}
     return DaemonProcess(cfg, env=env)
 
 
-def event(daemon: DaemonProcess, name: str, tag: str, timeout: float = 90) -> dict[str, object]:
+def event(daemon: DaemonProcess, name: str, tag: str, timeout: float = 90) -> Event:
     return daemon.wait_for(lambda e: e.get("event") == name and e.get("tag") == tag, timeout)
 
 
-def test_union_committed_once_every_host_part_is_in(tmp_path: Path, hosts: list[Path]) -> None:
-    """Node 0's daemon alone stores its parts but commits nothing (no checkpoint listed with
-    node 1's part missing); once node 1's daemon starts, late, each checkpoint is committed
-    once with the union of both hosts' files, loadable by torch.distributed.checkpoint."""
-    dcp_job(tmp_path, steps=2)
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_union_committed_once_every_host_part_is_in(tmp_path: Path, nodes: int) -> None:
+    """The daemons of all hosts but the last store their parts but commit nothing (no
+    checkpoint listed with a part missing); once the last host's daemon starts, late, each
+    checkpoint is committed once with the union of all hosts' files, loadable by
+    torch.distributed.checkpoint."""
+    hosts = host_configs(tmp_path, nodes)
+    dcp_job(tmp_path, steps=2, nodes=nodes)
     store = tmp_path / "store" / "exp"
-    first = start(hosts[0], 0)
-    second = None
+    daemons = []
     try:
-        for tag in TAGS:
-            stored = event(first, "checkpoint_part_stored", tag)
-            assert (stored["node_rank"], stored["missing"]) == (0, [1])
-        assert first.wait_for("daemon_starting")["node_rank_from"] == "$NODE_RANK"
+        daemons = [start(cfg, rank, nodes) for rank, cfg in enumerate(hosts[:-1])]
+        for rank, daemon in enumerate(daemons):
+            for tag in TAGS:
+                stored = event(daemon, "checkpoint_part_stored", tag)
+                assert stored["node_rank"] == rank
+                assert nodes - 1 in stored["missing"]
+            source = daemon.wait_for("daemon_starting")["node_rank_from"]
+            assert source == f"${RANK_FROM[rank]}"
         assert not list(store.glob(f"*/{MANIFEST_NAME}"))
         listed = subprocess.run([sys.executable, "-m", "traind", "list", "-c", str(hosts[0])],
                                 capture_output=True, text=True, timeout=60)
         assert listed.returncode == 0, listed.stderr
         assert "checkpoint-" not in listed.stdout
-        second = start(hosts[1], 1)
-        for tag in TAGS:
-            event(second, "checkpoint_committed", tag)
-            event(first, "checkpoint_committed", tag)
-        assert second.wait_for("daemon_starting")["node_rank_from"] == "$SLURM_NODEID"
-        assert first.stop() == 0
-        assert second.stop() == 0
+        daemons.append(start(hosts[-1], nodes - 1, nodes))
+        for daemon in daemons:
+            for tag in TAGS:
+                event(daemon, "checkpoint_committed", tag)
+        assert [daemon.stop() for daemon in daemons] == [0] * nodes
     finally:
-        first.kill()
-        if second is not None:
-            second.kill()
+        for daemon in daemons:
+            daemon.kill()
+    data = [f"__{rank}_0.distcp" for rank in range(nodes)]
     for tag in TAGS:
         manifest = json.loads((store / tag / MANIFEST_NAME).read_text())
-        assert sorted(f["path"] for f in manifest["files"]) == [
-            ".metadata", "__0_0.distcp", "__1_0.distcp", "config.json"]
-        parts = [Part.from_json((store / tag / part_name(r)).read_bytes()) for r in (0, 1)]
+        assert sorted(f["path"] for f in manifest["files"]) == [".metadata", *data,
+                                                                "config.json"]
+        parts = [Part.from_json((store / tag / part_name(r)).read_bytes())
+                 for r in range(nodes)]
         assert {f.path for f in parts[1].files} == {"__1_0.distcp", "config.json"}
     import torch
     import torch.distributed.checkpoint as dcp
