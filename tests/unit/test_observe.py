@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from traind.checkpoints.space import Pinned
+from traind.checkpoints.streamer import WaitingParts
 from traind.observe import Observer
 from traind.status.render import render
 from traind.supervisor.runner import ChildStatus
@@ -28,7 +29,7 @@ def restarts(observer: Observer) -> dict[str, float]:
 def test_restart_counters_start_at_zero_and_count_restarts() -> None:
     """A child's counter is exported at 0 from its first state change (so rate() and
     alerts see the series before the first restart), and counts each restart once."""
-    streamer: Any = SimpleNamespace(queued=0, current=None)
+    streamer: Any = SimpleNamespace(queued=0, current=None, waiting_parts={})
     observer = Observer("run", streamer, lambda: "local", lambda: 0)
     vllm = ChildStatus("vllm", "vllm", "starting", None, 1, 0, None, 0.0, None)
     assert restarts(observer) == {}
@@ -55,7 +56,7 @@ def samples(observer: Observer, name: str) -> dict[tuple[tuple[str, str], ...], 
 def test_failures_the_daemon_logs_are_counted() -> None:
     """Child exits (by child and code), failed checkpoint uploads and store retries are
     counted from the log events that report them."""
-    streamer: Any = SimpleNamespace(queued=0, current=None)
+    streamer: Any = SimpleNamespace(queued=0, current=None, waiting_parts={})
     observer = Observer("run", streamer, lambda: "s3", lambda: 0)
     log = observer.recent.processor
     log(None, "info", {"event": "child_exited", "child": "trainer", "returncode": 17})
@@ -77,7 +78,7 @@ def test_failures_the_daemon_logs_are_counted() -> None:
 def test_uploaded_bytes_move_as_the_upload_reports_them() -> None:
     """Bytes a backend reports sent count at once, not at commit; a retry taking bytes
     back does not make the counter go down."""
-    streamer: Any = SimpleNamespace(queued=0, current=None)
+    streamer: Any = SimpleNamespace(queued=0, current=None, waiting_parts={})
     observer = Observer("run", streamer, lambda: "s3", lambda: 0)
     streamer.on_sent(5 * 1024 * 1024)
     streamer.on_sent(-1024)
@@ -88,7 +89,7 @@ def test_uploaded_bytes_move_as_the_upload_reports_them() -> None:
 def test_dropped_checkpoints_are_counted_and_listed() -> None:
     """traind_checkpoints_dropped_total is exported at 0 and counts each dropped snapshot;
     /status lists them and ``traind status`` shows them on a line of their own."""
-    streamer: Any = SimpleNamespace(queued=0, current=None)
+    streamer: Any = SimpleNamespace(queued=0, current=None, waiting_parts={})
     observer = Observer("run", streamer, lambda: "local", lambda: 0)
 
     def dropped_total() -> float:
@@ -108,7 +109,7 @@ def test_dropped_checkpoints_are_counted_and_listed() -> None:
 def test_child_gauges_follow_state_changes() -> None:
     """traind_child_up is 1 only while a child is RUNNING, and traind_child_state marks the
     state it is in, from its first state change on."""
-    streamer: Any = SimpleNamespace(queued=0, current=None)
+    streamer: Any = SimpleNamespace(queued=0, current=None, waiting_parts={})
     observer = Observer("run", streamer, lambda: "local", lambda: 0)
     trainer = ChildStatus("trainer", "trainer", "STARTING", None, 0, 0, None, 0.0, None)
 
@@ -123,3 +124,20 @@ def test_child_gauges_follow_state_changes() -> None:
     assert current() == (1, ["RUNNING"])
     observer.child_changed(replace(trainer, state="BACKOFF", starts=1))
     assert current() == (0, ["BACKOFF"])
+
+
+def test_parts_in_flight_are_shown_and_counted() -> None:
+    """A multi-node checkpoint whose part this host stored shows in /status and `traind
+    status` with the nodes in and missing, and traind_parts_missing counts the missing."""
+    waiting = {"checkpoint-4": WaitingParts(4, 1, (1,), (0, 2)),
+               "checkpoint-2": WaitingParts(2, 1, (0, 1), (2,))}
+    streamer: Any = SimpleNamespace(queued=0, current=None, waiting_parts=waiting)
+    observer = Observer("run", streamer, lambda: "local", lambda: 0)
+    status = observer.snapshot()
+    assert [(p["tag"], p["present"], p["missing"]) for p in status["parts"]] == [
+        ("checkpoint-2", [0, 1], [2]), ("checkpoint-4", [1], [0, 2])]
+    assert samples(observer, "traind_parts_missing") == {(): 3}
+    assert ("parts      checkpoint-4: this node (1) stored; nodes 1 in, 0, 2 missing "
+            "(not committed yet)") in render(status)
+    waiting.clear()
+    assert samples(observer, "traind_parts_missing") == {(): 0}

@@ -11,6 +11,7 @@ import asyncio
 import shutil
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -55,6 +56,8 @@ class Streamer:
         self._node = node if node is not None and node.nodes > 1 else None
         """This host in a multi-node job (its checkpoints are parts), None on one node."""
         self._waits: dict[str, int] = {}
+        self.waiting_parts: dict[str, WaitingParts] = {}
+        """Tags whose part this host stored, while other nodes' parts are missing."""
         self._state_dir = state_dir
         self._writer: Writer | None = None
         self.staging = staging_dir(state_dir, journal.run)
@@ -232,6 +235,7 @@ class Streamer:
         """The hosts' parts of ``tag`` cannot make one checkpoint: stop for good, loudly,
         and keep the local copy."""
         self._waits.pop(tag, None)
+        self.waiting_parts.pop(tag, None)
         self._failures.pop(tag, None)
         await self._journal.set_state(tag, "conflict")
         log.error("checkpoint_parts_disagree", tag=tag, error=str(exc),
@@ -247,6 +251,7 @@ class Streamer:
             raise TraindError(f"{tag} is being uploaded; it cannot be dropped")
         self._pending.discard(tag)  # first, so the upload loop cannot pick it up meanwhile
         self._failures.pop(tag, None)
+        self.waiting_parts.pop(tag, None)
         if not self._pending:
             self._idle.set()
         # The space before the journal: on a disk with no byte left its write waits for it.
@@ -399,6 +404,7 @@ class Streamer:
         else:
             await self.storage.commit(manifest)
         self._waits.pop(tag, None)
+        self.waiting_parts.pop(tag, None)
         await self._journal.set_state(tag, "committed")
         await asyncio.to_thread(shutil.rmtree, root, True)
         seconds = time.monotonic() - started
@@ -432,6 +438,8 @@ class Streamer:
                                      self._node.nodes, ours, mine.files, mine.trainer))
         decision = union(mine.tag, await store.parts(mine.tag), self._node.nodes, ours)
         if isinstance(decision, Incomplete):
+            self.waiting_parts[mine.tag] = WaitingParts(mine.step, self._node.rank,
+                                                        decision.present, decision.missing)
             if self._waits.get(mine.tag) is None:
                 log.info("checkpoint_part_stored", tag=mine.tag, step=mine.step,
                          node_rank=self._node.rank, files=len(mine.files),
@@ -444,6 +452,17 @@ class Streamer:
                 raise
             decision = exc.committed
         return decision
+
+
+@dataclass(frozen=True)
+class WaitingParts:
+    """A checkpoint whose part this host stored: its step, this node's rank, and the nodes
+    whose parts are in the store or missing, as last seen."""
+
+    step: int
+    node_rank: int
+    present: tuple[int, ...]
+    missing: tuple[int, ...]
 
 
 class PartsPendingError(TraindError):

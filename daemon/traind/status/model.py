@@ -64,6 +64,17 @@ class DroppedInfo(TypedDict):
     dropped_at: float
 
 
+class PartsInfo(TypedDict):
+    """A checkpoint of a multi-node job whose part this host stored: the nodes whose parts
+    are in the store and those still missing (the checkpoint is not committed yet)."""
+
+    tag: str
+    step: int
+    node_rank: int
+    present: list[int]
+    missing: list[int]
+
+
 class ErrorInfo(TypedDict):
     """A recent error: when, the log event, and its fields as one line."""
 
@@ -85,6 +96,7 @@ class StatusSnapshot(TypedDict):
     upload: UploadInfo | None
     committed: list[CommittedInfo]
     dropped: list[DroppedInfo]
+    parts: list[PartsInfo]
     next_prune: float | None
     errors: list[ErrorInfo]
 
@@ -146,6 +158,7 @@ def snapshot(
     upload: UploadInfo | None = None,
     committed: Iterable[CommittedInfo] = (),
     dropped: Iterable[DroppedInfo] = (),
+    parts: Iterable[PartsInfo] = (),
     next_prune: float | None = None,
     errors: Iterable[ErrorInfo] = (),
     now: float | None = None,
@@ -158,6 +171,7 @@ def snapshot(
         watcher=WatcherInfo(queued=queued, tracked=tracked), upload=upload,
         committed=sorted(committed, key=lambda c: c["step"]),
         dropped=sorted(dropped, key=lambda d: d["step"]),
+        parts=sorted(parts, key=lambda p: p["step"]),
         next_prune=next_prune, errors=list(errors),
     )
 

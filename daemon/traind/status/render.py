@@ -67,6 +67,10 @@ def render(status: StatusSnapshot, now: float | None = None) -> str:
     if dropped:
         out.append(f"dropped    {len(dropped)} not stored (disk full while the store was "
                    f"behind): {', '.join(d['tag'] for d in dropped)}")
+    for part in status.get("parts", []):
+        out.append(f"parts      {part['tag']}: this node ({part['node_rank']}) stored; nodes "
+                   f"{', '.join(map(str, part['present']))} in, "
+                   f"{', '.join(map(str, part['missing']))} missing (not committed yet)")
     out.append(f"next prune {_when(status['next_prune'], now)}")
     if status["errors"]:
         out += ["", "recent errors (oldest first)"]

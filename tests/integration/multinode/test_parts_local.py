@@ -98,6 +98,12 @@ def test_union_committed_once_every_host_part_is_in(tmp_path: Path, nodes: int) 
             source = daemon.wait_for("daemon_starting")["node_rank_from"]
             assert source == f"${RANK_FROM[rank]}"
         assert not list(store.glob(f"*/{MANIFEST_NAME}"))
+        shown = subprocess.run([sys.executable, "-m", "traind", "status", "--json", "-c",
+                                str(hosts[0])], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        waiting = {p["tag"]: p for p in json.loads(shown.stdout)["parts"]}
+        assert sorted(waiting) == TAGS
+        assert all(nodes - 1 in p["missing"] and 0 in p["present"] for p in waiting.values())
         listed = subprocess.run([sys.executable, "-m", "traind", "list", "-c", str(hosts[0])],
                                 capture_output=True, text=True, timeout=60)
         assert listed.returncode == 0, listed.stderr
