@@ -159,3 +159,30 @@ def test_same_path_with_other_bytes_is_never_committed(
     assert json.loads((store / "config.json").read_text()) == {"step": 1, "rank": 0}
     assert not (store / MANIFEST_NAME).exists()
     assert (tmp_path / "node1" / "out" / "checkpoint-1" / "config.json").exists()
+
+
+def test_host_killed_while_waiting_commits_after_restart(
+    tmp_path: Path, hosts: list[Path]
+) -> None:
+    """Node 0's daemon, SIGKILLed while its part waits for node 1's, starts again, sends
+    nothing twice, and both hosts commit the union once node 1's daemon comes."""
+    dcp_job(tmp_path, steps=1)
+    store = tmp_path / "store" / "exp" / "checkpoint-1"
+    first = start(hosts[0], 0)
+    try:
+        event(first, "checkpoint_part_stored", "checkpoint-1")
+    finally:
+        first.kill()
+    inode = (store / "__0_0.distcp").stat().st_ino
+    again, second = start(hosts[0], 0), start(hosts[1], 1)
+    try:
+        for daemon in (again, second):
+            event(daemon, "checkpoint_committed", "checkpoint-1")
+        assert again.stop() == 0
+        assert second.stop() == 0
+    finally:
+        again.kill()
+        second.kill()
+    assert (store / "__0_0.distcp").stat().st_ino == inode
+    manifest = json.loads((store / MANIFEST_NAME).read_text())
+    assert len(manifest["files"]) == 4
