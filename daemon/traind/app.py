@@ -390,7 +390,7 @@ class Daemon:
             try:
                 plan = await pruner.prune(
                     self.storage, self.journal, s.retention, s.run.output_dir,
-                    s.checkpoints.pattern, self._resuming,
+                    s.checkpoints.pattern, self._resuming, remote=self.node.rank == 0,
                 )
             except Exception as exc:  # a failed prune must never stop the daemon
                 log.error("prune_failed", error=str(exc))

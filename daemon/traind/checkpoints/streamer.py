@@ -171,6 +171,9 @@ class Streamer:
             except PartsPendingError:
                 self._failures.pop(tag, None)
                 self._wait_for_parts(tag)  # still pending
+            except PartsGoneError:
+                await self._parts_gone(tag)
+                self._pending.discard(tag)
             except PartsDisagreeError as exc:
                 await self._parts_disagree(tag, exc)
                 self._pending.discard(tag)  # never retried: the parts cannot be one whole
@@ -242,6 +245,19 @@ class Streamer:
                   backend=self.storage.describe, kept=str(self.staging / tag),
                   hint="the hosts of the job saved different bytes under one path (or "
                        "different steps under one tag); this checkpoint is never committed")
+
+    async def _parts_gone(self, tag: str) -> None:
+        """Our part of ``tag`` was stored, and the checkpoint deleted from the store since:
+        committed while this host waited and pruned by node 0 (only committed checkpoints
+        are pruned). Claiming it again would leave an orphan part behind."""
+        self._waits.pop(tag, None)
+        self.waiting_parts.pop(tag, None)
+        self._failures.pop(tag, None)
+        await self._journal.set_state(tag, "pruned")
+        await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
+        log.info("checkpoint_pruned_while_waiting", tag=tag, backend=self.storage.describe,
+                 reason="this host's part is gone from the store: the checkpoint was "
+                        "committed and pruned before this host looked again")
 
     async def drop(self, tag: str) -> None:
         """Let go of the snapshot of ``tag`` without storing it (not the one in flight):
@@ -367,6 +383,9 @@ class Streamer:
         ours = await self.writer()
         parts = self._part_store()
         if parts is not None and self._node is not None:
+            if (any(f.sha256 for f in await self._journal.files(tag))
+                    and await parts.part_claim(tag, self._node.rank) is None):
+                raise PartsGoneError(tag)  # claimed and sent before, deleted since
             await parts.claim_part(tag, self._node.rank, ours)
         else:
             await self.storage.claim(tag, ours)  # before any byte: never over another's objects
@@ -463,6 +482,14 @@ class WaitingParts:
     node_rank: int
     present: tuple[int, ...]
     missing: tuple[int, ...]
+
+
+class PartsGoneError(TraindError):
+    """This host's part of a checkpoint is gone from the store (committed, then pruned)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        super().__init__(f"{tag}: this host's part is no longer in the store")
 
 
 class PartsPendingError(TraindError):

@@ -105,6 +105,11 @@ class PartStore(Protocol):
         """Take node ``rank``'s part of ``tag`` for ``writer``, atomically; ConflictError when
         another writer holds that part, or a single writer holds the whole tag."""
 
+    async def part_claim(self, tag: str, rank: int) -> Writer | None:
+        """Who holds node ``rank``'s part of ``tag``; None when nobody (never claimed, or
+        the checkpoint was deleted since)."""
+        ...
+
     async def upload_part(
         self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:

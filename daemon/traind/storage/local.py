@@ -99,6 +99,13 @@ class LocalBackend:
             raise ConflictError(tag, str(writer), str(Writer.from_json(whole.read_bytes())),
                                 str(whole))
 
+    async def part_claim(self, tag: str, rank: int) -> Writer | None:
+        return await _io(self._part_claim, self._root / check_tag(tag) / part_claim_name(rank))
+
+    @staticmethod
+    def _part_claim(path: Path) -> Writer | None:
+        return Writer.from_json(path.read_bytes()) if path.is_file() else None
+
     async def upload_part(
         self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:

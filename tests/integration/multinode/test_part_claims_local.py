@@ -1,5 +1,6 @@
 """The local store's parts: one claim per (tag, node rank), a single writer's tag and a
-job's tag never mixed, and a path two hosts store kept only when the bytes agree."""
+job's tag never mixed, a path two hosts store kept only when the bytes agree, and no part
+claimed again once its checkpoint was pruned."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from traind.checkpoints.identity import RunIdentity
+from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import Writer
 from traind.checkpoints.parts import PartsDisagreeError
+from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
+from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
 from traind.errors import ConflictError
+from traind.nodes import NodeRank
 from traind.storage.base import LocalFile
 from traind.storage.local import LocalBackend
 
@@ -83,3 +89,29 @@ async def test_same_path_is_stored_once_and_never_overwritten(tmp_path: Path) ->
     stored = tmp_path / "store" / "run" / TAG
     assert (stored / "config.json").read_text() == "same"
     assert sorted(p.name for p in stored.iterdir()) == ["config.json"]
+
+
+async def test_part_pruned_while_waiting_leaves_no_orphan(tmp_path: Path) -> None:
+    """A host whose part waited while the checkpoint was committed and then pruned (by
+    node 0) does not claim the tag again: no orphan part is left in the store."""
+    backend = store(tmp_path)
+    streamers = []
+    for rank in (0, 1):
+        src = tmp_path / f"out{rank}" / TAG
+        src.mkdir(parents=True)
+        (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
+        journal = Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
+                          RunIdentity("run", src.parent, backend.describe))
+        streamer = Streamer("run", tmp_path / f"state{rank}", backend, journal,
+                            node=NodeRank(rank, 2, "test"))
+        assert await streamer.stage(TAG, 4, src) is StageResult.STAGED
+        streamers.append((streamer, journal))
+    with pytest.raises(PartsPendingError):
+        await streamers[1][0].commit(TAG)
+    await streamers[0][0].commit(TAG)  # the last part in: the union is committed
+    await backend.delete(TAG)  # node 0's retention
+    with pytest.raises(PartsGoneError):
+        await streamers[1][0].commit(TAG)
+    assert not (tmp_path / "store" / "run" / TAG).exists()
+    for _, journal in streamers:
+        journal.close()

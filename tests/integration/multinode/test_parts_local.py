@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,9 +69,10 @@ def hosts(tmp_path: Path) -> list[Path]:
     return host_configs(tmp_path, 2)
 
 
-def start(cfg: Path, rank: int, nodes: int = 2) -> DaemonProcess:
+def start(cfg: Path, rank: int, nodes: int = 2, env: dict[str, str] | None = None
+          ) -> DaemonProcess:
     env = {"TRAIND_RUN__NODES": str(nodes), RANK_FROM[rank]: str(rank),
-           "TRAIND_CHECKPOINTS__MARKERS": MARKERS}
+           "TRAIND_CHECKPOINTS__MARKERS": MARKERS, **(env or {})}
     return DaemonProcess(cfg, env=env)
 
 
@@ -186,3 +188,35 @@ def test_host_killed_while_waiting_commits_after_restart(
     assert (store / "__0_0.distcp").stat().st_ino == inode
     manifest = json.loads((store / MANIFEST_NAME).read_text())
     assert len(manifest["files"]) == 4
+
+
+def test_only_node_0_prunes_the_store_and_no_part_is_left(
+    tmp_path: Path, hosts: list[Path]
+) -> None:
+    """With keep_last = 1 the store ends with the newest checkpoint alone, no other tag's
+    part or claim left behind; node 0 alone deletes from the store, and every host prunes
+    its own output_dir of what is committed."""
+    dcp_job(tmp_path, steps=3)
+    keep = {"TRAIND_RETENTION__KEEP_LAST": "1", "TRAIND_RETENTION__KEEP_LOCAL": "1"}
+    daemons = [start(cfg, rank, env=keep) for rank, cfg in enumerate(hosts)]
+    store = tmp_path / "store" / "exp"
+    try:
+        for daemon in daemons:
+            event(daemon, "checkpoint_committed", "checkpoint-3")
+        deadline = time.monotonic() + 60
+        while sorted(p.name for p in store.iterdir()) != ["checkpoint-3"]:
+            assert time.monotonic() < deadline, sorted(p.name for p in store.iterdir())
+            time.sleep(0.2)
+        for rank in range(len(daemons)):
+            out = tmp_path / f"node{rank}" / "out"
+            while sorted(p.name for p in out.iterdir()) != ["checkpoint-3"]:
+                assert time.monotonic() < deadline, sorted(p.name for p in out.iterdir())
+                time.sleep(0.2)
+        assert [daemon.stop() for daemon in daemons] == [0, 0]
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+    pruned = [[e["tag"] for e in d.named("checkpoint_pruned") if e["where"] == "remote"]
+              for d in daemons]
+    assert sorted(pruned[0]) == ["checkpoint-1", "checkpoint-2"]
+    assert pruned[1] == []
