@@ -437,7 +437,6 @@ class Streamer:
             await self._on_commit(manifest)
         return manifest
 
-
     def _part_store(self) -> PartStore | None:
         """The store as a PartStore when this host is one of several, else None."""
         if self._node is None:
