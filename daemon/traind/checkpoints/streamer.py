@@ -382,6 +382,12 @@ class Streamer:
         started = time.monotonic()
         ours = await self.writer()
         parts = self._part_store()
+        if (parts is not None and tag in self._waits  # our part is in: one small read
+                and (found := await parts.committed(tag)) is not None):
+            if not {(f.path, f.size) for f in await self._journal.files(tag)} <= {
+                    (f.path, f.size) for f in found.files}:
+                raise PartsDisagreeError(f"{tag}: committed without this host's files")
+            return await self._finish(tag, entry.step, found, Progress(0), started)
         if parts is not None and self._node is not None:
             if (any(f.sha256 for f in await self._journal.files(tag))
                     and await parts.part_claim(tag, self._node.rank) is None):
@@ -422,13 +428,19 @@ class Streamer:
             manifest = await self._commit_union(parts, manifest)
         else:
             await self.storage.commit(manifest)
+        return await self._finish(tag, entry.step, manifest, progress, started)
+
+    async def _finish(self, tag: str, step: int, manifest: Manifest, progress: Progress,
+                      started: float) -> Manifest:
+        """``tag`` is committed as ``manifest``: journal it, let its snapshot go, say so."""
+        root = self.staging / tag
         self._waits.pop(tag, None)
         self.waiting_parts.pop(tag, None)
         await self._journal.set_state(tag, "committed")
         await asyncio.to_thread(shutil.rmtree, root, True)
         seconds = time.monotonic() - started
         log.info(
-            "checkpoint_committed", tag=tag, step=entry.step, files=len(stored),
+            "checkpoint_committed", tag=tag, step=step, files=len(manifest.files),
             bytes=manifest.total_bytes, sent_bytes=progress.done, seconds=round(seconds, 3),
             mb_per_s=round(progress.done / 1e6 / max(seconds, 1e-9), 1),
             backend=self.storage.describe,
@@ -454,11 +466,17 @@ class Streamer:
         ours = mine.writer or await self.writer()
         await store.commit_part(Part(mine.run, mine.tag, mine.step, self._node.rank,
                                      self._node.nodes, ours, mine.files, mine.trainer))
-        decision = union(mine.tag, await store.parts(mine.tag), self._node.nodes, ours)
+        ranks = await store.part_ranks(mine.tag)
+        decision: Manifest | Incomplete
+        if missing := tuple(r for r in range(self._node.nodes) if r not in ranks):
+            decision = Incomplete(tuple(sorted(ranks)), missing)
+        else:  # ours completed the set: read them all and commit the union
+            decision = union(mine.tag, await store.parts(mine.tag), self._node.nodes, ours)
         if isinstance(decision, Incomplete):
             self.waiting_parts[mine.tag] = WaitingParts(mine.step, self._node.rank,
                                                         decision.present, decision.missing)
-            if self._waits.get(mine.tag) is None:
+            if mine.tag not in self._waits:  # said once; the re-checks read the manifest
+                self._waits[mine.tag] = 0
                 log.info("checkpoint_part_stored", tag=mine.tag, step=mine.step,
                          node_rank=self._node.rank, files=len(mine.files),
                          present=list(decision.present), missing=list(decision.missing))

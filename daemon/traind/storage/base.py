@@ -119,6 +119,16 @@ class PartStore(Protocol):
     async def commit_part(self, part: Part) -> None:
         """Write ``part``'s manifest beside its files (after every file is stored)."""
 
+    async def part_ranks(self, tag: str) -> set[int]:
+        """The node ranks whose part manifest of ``tag`` is stored: names only, one listing
+        (every host asks once per checkpoint; only the one completing the set reads them)."""
+        ...
+
     async def parts(self, tag: str) -> list[Part]:
         """Every part manifest stored for ``tag``, in no particular order."""
+        ...
+
+    async def committed(self, tag: str) -> Manifest | None:
+        """The manifest of ``tag`` when it is committed: one small read, how a host whose
+        part waits learns that the last part's host committed the union."""
         ...

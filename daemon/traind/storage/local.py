@@ -126,6 +126,20 @@ class LocalBackend:
         target = self._root / check_tag(part.tag) / part_name(part.node_rank)
         await _io(_write_atomic, target, part.to_json())
 
+    async def part_ranks(self, tag: str) -> set[int]:
+        return await _io(self._part_ranks, self._root / check_tag(tag))
+
+    @staticmethod
+    def _part_ranks(tag_dir: Path) -> set[int]:
+        if not tag_dir.is_dir():
+            return set()
+        names = (p.name.removeprefix(PART_PREFIX).removesuffix(".json")
+                 for p in tag_dir.glob(f"{PART_PREFIX}*.json"))
+        return {int(n) for n in names if n.isdigit()}
+
+    async def committed(self, tag: str) -> Manifest | None:
+        return await _io(self._manifest, check_tag(tag))
+
     async def parts(self, tag: str) -> list[Part]:
         return await _io(self._read_parts, self._root / check_tag(tag))
 

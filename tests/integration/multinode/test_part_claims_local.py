@@ -10,8 +10,8 @@ import pytest
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Writer
-from traind.checkpoints.parts import PartsDisagreeError
+from traind.checkpoints.manifest import Manifest, Writer
+from traind.checkpoints.parts import Part, PartsDisagreeError
 from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
@@ -115,3 +115,53 @@ async def test_part_pruned_while_waiting_leaves_no_orphan(tmp_path: Path) -> Non
     assert not (tmp_path / "store" / "run" / TAG).exists()
     for _, journal in streamers:
         journal.close()
+
+
+class Counting(LocalBackend):
+    """The local backend, counting the part calls each host makes."""
+
+    def __init__(self, config: LocalStorage) -> None:
+        super().__init__(config, "run")
+        self.calls: list[str] = []
+
+    async def part_ranks(self, tag: str) -> set[int]:
+        self.calls.append("part_ranks")
+        return await super().part_ranks(tag)
+
+    async def parts(self, tag: str) -> list[Part]:
+        self.calls.append("parts")
+        return await super().parts(tag)
+
+    async def commit_part(self, part: Part) -> None:
+        self.calls.append("commit_part")
+        await super().commit_part(part)
+
+    async def committed(self, tag: str) -> Manifest | None:
+        self.calls.append("committed")
+        return await super().committed(tag)
+
+
+async def test_only_the_last_part_reads_the_parts(tmp_path: Path) -> None:
+    """Each host lists the part names once; only the host completing the set reads the
+    part manifests, and a waiting host learns of the commit from one small read."""
+    hosts = []
+    for rank in (0, 1):
+        backend = Counting(LocalStorage(path=tmp_path / "store"))
+        src = tmp_path / f"out{rank}" / TAG
+        src.mkdir(parents=True)
+        (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
+        journal = Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
+                          RunIdentity("run", src.parent, backend.describe))
+        streamer = Streamer("run", tmp_path / f"state{rank}", backend, journal,
+                            node=NodeRank(rank, 2, "test"))
+        assert await streamer.stage(TAG, 4, src) is StageResult.STAGED
+        hosts.append((streamer, journal, backend))
+    (waiting, journal1, store1), (last, journal0, store0) = hosts[1], hosts[0]
+    with pytest.raises(PartsPendingError):
+        await waiting.commit(TAG)
+    union_manifest = await last.commit(TAG)
+    assert store0.calls == ["commit_part", "part_ranks", "parts"]
+    assert await waiting.commit(TAG) == union_manifest
+    assert store1.calls == ["commit_part", "part_ranks", "committed"]
+    journal0.close()
+    journal1.close()
