@@ -43,6 +43,11 @@ log = structlog.get_logger("traind.app")
 
 _STORE_RETRY = (1.0, 60.0)
 """Waiting for a store that cannot be reached: the first pause and the cap, in seconds."""
+_NOT_YET_MULTINODE = (
+    "run.nodes = {nodes}: {what} is not supported with several nodes yet ({why}); "
+    "run.nodes > 1 works with storage.type = \"local\" and no [trainer] (the scheduler "
+    "starts the trainer)"
+)
 _WAITING_HINT = ("waiting for the store before the trainer starts: output_dir holds no "
                  "checkpoint to resume from, and the store may hold a newer one")
 
@@ -70,9 +75,11 @@ class Daemon:
         self.journal, self._dropped_at_open = open_journal(
             state_dir, RunIdentity.of(settings, self.storage)
         )
+        self.node = config.node_rank(settings)
         self.streamer = Streamer(
             settings.run.name, state_dir, self.storage, self.journal, self._committed,
             claim_ttl=settings.storage.claim_ttl,
+            node=self.node,
         )
         self.supervisor: Supervisor | None = None
         self.watcher: Watcher | None = None
@@ -140,6 +147,7 @@ class Daemon:
         """Stop what a killed predecessor left running, restore if this is a fresh host,
         recover unfinished work, build the watcher."""
         s = self.settings
+        node = self.node
         log.info(
             "daemon_starting",
             run=s.run.name,
@@ -147,7 +155,19 @@ class Daemon:
             output_dir=str(s.run.output_dir),
             state_dir=str(s.run.state_dir),
             backend=self.storage.describe,
+            nodes=node.nodes,
+            node_rank=node.rank,
+            node_rank_from=node.source,
         )
+        if node.nodes > 1 and s.trainer is not None:
+            raise TraindError(_NOT_YET_MULTINODE.format(
+                nodes=node.nodes, what="[trainer]",
+                why="every host must resume from the same committed checkpoint, made whole "
+                    "on its disk, which traind does not arrange yet"))
+        if node.nodes > 1 and not isinstance(s.storage, config.LocalStorage):
+            raise TraindError(_NOT_YET_MULTINODE.format(
+                nodes=node.nodes, what=f'storage.type = "{s.storage.type}"',
+                why="its parts and union commit are not built yet"))
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
         for pinned in self._dropped_at_open:  # let go to open the journal at all
             await self.journal.set_state(pinned.tag, "dropped")
@@ -378,7 +398,7 @@ class Daemon:
             try:
                 plan = await pruner.prune(
                     self.storage, self.journal, s.retention, s.run.output_dir,
-                    s.checkpoints.pattern, self._resuming,
+                    s.checkpoints.pattern, self._resuming, remote=self.node.rank == 0,
                 )
             except Exception as exc:  # a failed prune must never stop the daemon
                 log.error("prune_failed", error=str(exc))

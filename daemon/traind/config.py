@@ -33,6 +33,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from traind import nodes
 from traind.errors import ConfigError
 from traind.status.address import parse_listen
 from traind.storage.keys import check_component
@@ -91,6 +92,9 @@ class RunConfig(Section):
     stop_timeout: Duration = 30.0
     # At start, restore the newest committed checkpoint when output_dir holds none.
     restore: bool = True
+    nodes: int = Field(default=1, ge=1, description="hosts in the job, each running a traind")
+    # This host, 0..nodes-1; None: from the scheduler's environment (traind.nodes).
+    node_rank: int | None = Field(default=None, ge=0)
 
     @field_validator("name")
     @classmethod
@@ -412,7 +416,7 @@ def validate(data: dict[str, Any], source: str = "") -> Settings:
                         "use it with `traind launch -c`; traind's own config is the file its "
                         "[run] traind_config names"]
         raise ConfigError(misnamed + problems, source) from exc
-    problems = misnamed + _overlaps(settings)
+    problems = misnamed + _overlaps(settings) + _rank_problems(settings)
     if problems:
         raise ConfigError(problems, source)
     return settings
@@ -453,6 +457,22 @@ def _overlaps(settings: Settings) -> list[str]:
                 "neither inside the other"
             )
     return problems
+
+
+def _rank_problems(settings: Settings) -> list[str]:
+    """A job of several hosts whose rank for this one is missing or out of range: two hosts
+    taking one rank, or none, would mix or lose their parts of every checkpoint."""
+    try:
+        node_rank(settings)
+    except nodes.RankError as exc:
+        return [str(exc)]
+    return []
+
+
+def node_rank(settings: Settings) -> nodes.NodeRank:
+    """This host's rank in the job (``[run] node_rank``, else the scheduler's environment);
+    RankError when there is none."""
+    return nodes.resolve(settings.run.nodes, settings.run.node_rank, os.environ)
 
 
 def _relation(a: Path, b: Path) -> str | None:

@@ -49,6 +49,8 @@ class Observer:
         self._dropped: dict[str, model.DroppedInfo] = {}
         self._restarts: dict[str, int] = {}
         self.metrics.set_queue_depth(lambda: streamer.queued)
+        self.metrics.set_parts_missing(
+            lambda: sum(len(p.missing) for p in streamer.waiting_parts.values()))
         streamer.on_sent = self._sent
         self.recent.listeners.append(self._logged)
 
@@ -69,6 +71,9 @@ class Observer:
             held=[model.HeldInfo(tag=tag, holder=str(lease.writer), renewed_at=lease.renewed_at,
                                  stale_at=lease.renewed_at + self._streamer.claim_ttl)
                   for tag, lease in self._streamer.held.items()],
+            parts=[model.PartsInfo(tag=tag, step=p.step, node_rank=p.node_rank,
+                                   present=list(p.present), missing=list(p.missing))
+                   for tag, p in self._streamer.waiting_parts.items()],
             next_prune=self.next_prune,
             errors=self.recent.items(),
         )

@@ -18,6 +18,8 @@ from tests.support.daemon import DaemonProcess, write_config
 from tests.support.net import free_port
 from tests.support.requires import need_module
 
+from traind.nodes import RANK_VARIABLES
+
 COMMANDS = ["run", "check-config", "list", "pull", "verify", "push", "prune"]
 
 
@@ -481,3 +483,31 @@ def test_status_url_and_socket_say_what_they_could_not_reach(tmp_path: Path) -> 
     result = traind("status", "--url", "https://example.com/x", env=nothing)
     assert result.returncode == 2
     assert "write http://HOST:PORT" in result.stderr
+
+
+def test_run_names_the_node_rank_and_its_source(cfg: Path) -> None:
+    """`traind run` with run.nodes = 2 says at start-up which rank it is and which scheduler
+    variable gave it; with a [trainer] it then refuses to run (no agreed resume point yet)."""
+    env = {"TRAIND_RUN__NODES": "2", "SKYPILOT_NODE_RANK": "1", "NODE_RANK": "0",
+           "TRAIND_TRAINER__COMMAND": '["true"]'}
+    daemon = DaemonProcess(cfg, env=env)
+    try:
+        started = daemon.wait_for("daemon_starting", timeout=60)
+        assert daemon.proc.wait(timeout=60) == 1
+    finally:
+        daemon.kill()
+    assert (started["nodes"], started["node_rank"]) == (2, 1)
+    assert started["node_rank_from"] == "$SKYPILOT_NODE_RANK"
+    assert "run.nodes = 2: [trainer] is not supported with several nodes yet" in "".join(
+        daemon.raw)
+    assert not (cfg.parent / "store").exists()
+
+
+def test_run_without_a_node_rank_is_refused(cfg: Path) -> None:
+    """`traind run` with run.nodes = 2 and no rank in the config or the environment exits 2
+    before starting anything, naming the keys and variables that give one."""
+    env = {name: "" for name in RANK_VARIABLES}
+    result = traind("run", "-c", str(cfg), env={**env, "TRAIND_RUN__NODES": "2"})
+    assert result.returncode == 2
+    assert "run.nodes = 2 but no node rank: set run.node_rank" in result.stderr
+    assert "SKYPILOT_NODE_RANK" in result.stderr

@@ -12,6 +12,7 @@ from traind import config
 from traind.config import LocalStorage
 from traind.errors import ConfigError
 from traind.launch import config as launch_config
+from traind.nodes import RANK_VARIABLES, NodeRank
 
 MINIMAL = """
 [run]
@@ -420,3 +421,58 @@ def test_claim_ttl_is_a_duration_of_a_second_or_more(
     else:
         with pytest.raises(ConfigError, match=r"storage\.claim_ttl"):
             config.load(write(tmp_path, text))
+
+
+@pytest.fixture
+def no_scheduler(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No scheduler's rank variable from the machine running the tests."""
+    for name in RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_one_node_by_default(tmp_path: Path, no_scheduler: pytest.MonkeyPatch) -> None:
+    """run.nodes defaults to 1 and this host is rank 0, even under a scheduler."""
+    no_scheduler.setenv("SLURM_NODEID", "4")
+    s = config.load(write(tmp_path, MINIMAL))
+    assert (s.run.nodes, s.run.node_rank) == (1, None)
+    assert config.node_rank(s) == NodeRank(0, 1, "single node")
+
+
+def test_several_nodes_take_the_rank_from_the_scheduler(
+    tmp_path: Path, no_scheduler: pytest.MonkeyPatch
+) -> None:
+    """run.nodes = 2 without run.node_rank: the rank comes from the scheduler's variable."""
+    no_scheduler.setenv("DSTACK_NODE_RANK", "1")
+    s = config.load(write(tmp_path, MINIMAL.replace("[run]", "[run]\nnodes = 2")))
+    assert config.node_rank(s) == NodeRank(1, 2, "$DSTACK_NODE_RANK")
+
+
+def test_several_nodes_without_a_rank_is_a_problem(
+    tmp_path: Path, no_scheduler: pytest.MonkeyPatch
+) -> None:
+    """run.nodes > 1 and no rank anywhere: the config is refused, saying how to set one."""
+    no_scheduler.setenv("TRAIND_RUN__NODES", "3")
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MINIMAL))
+    [problem] = info.value.problems
+    assert problem.startswith("run.nodes = 3 but no node rank: set run.node_rank")
+
+
+@pytest.mark.parametrize(
+    ("keys", "problem"),
+    [
+        ("nodes = 0", "run.nodes = 0: Input should be greater than or equal to 1"),
+        ("nodes = 2\nnode_rank = -1", "run.node_rank = -1: Input should be greater than or "
+                                      "equal to 0"),
+        ("nodes = 2\nnode_rank = 2", "run.node_rank = 2: not a node rank of run.nodes = 2 "
+                                     "(allowed: 0..1)"),
+    ],
+)
+def test_node_rank_outside_the_job_is_a_problem(
+    tmp_path: Path, no_scheduler: pytest.MonkeyPatch, keys: str, problem: str
+) -> None:
+    """A node count below 1, or a rank not in 0..nodes-1, is one problem naming the key."""
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MINIMAL.replace("[run]", f"[run]\n{keys}")))
+    assert info.value.problems == [problem]

@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from traind.checkpoints.space import Pinned
+from traind.checkpoints.streamer import WaitingParts
 from traind.observe import Observer
 from traind.status.render import render
 from traind.supervisor.runner import ChildStatus
@@ -27,7 +28,7 @@ def restarts(observer: Observer) -> dict[str, float]:
 
 def idle_streamer() -> Any:
     """What the Observer reads of a streamer with nothing to do."""
-    return SimpleNamespace(queued=0, current=None, held={}, claim_ttl=600.0)
+    return SimpleNamespace(queued=0, current=None, held={}, claim_ttl=600.0, waiting_parts={})
 
 
 def test_restart_counters_start_at_zero_and_count_restarts() -> None:
@@ -128,3 +129,21 @@ def test_child_gauges_follow_state_changes() -> None:
     assert current() == (1, ["RUNNING"])
     observer.child_changed(replace(trainer, state="BACKOFF", starts=1))
     assert current() == (0, ["BACKOFF"])
+
+
+def test_parts_in_flight_are_shown_and_counted() -> None:
+    """A multi-node checkpoint whose part this host stored shows in /status and `traind
+    status` with the nodes in and missing, and traind_parts_missing counts the missing."""
+    waiting = {"checkpoint-4": WaitingParts(4, 1, (1,), (0, 2)),
+               "checkpoint-2": WaitingParts(2, 1, (0, 1), (2,))}
+    streamer: Any = SimpleNamespace(queued=0, current=None, held={}, claim_ttl=600.0,
+                                    waiting_parts=waiting)
+    observer = Observer("run", streamer, lambda: "local", lambda: 0)
+    status = observer.snapshot()
+    assert [(p["tag"], p["present"], p["missing"]) for p in status["parts"]] == [
+        ("checkpoint-2", [0, 1], [2]), ("checkpoint-4", [1], [0, 2])]
+    assert samples(observer, "traind_parts_missing") == {(): 3}
+    assert ("parts      checkpoint-4: this node (1) stored; nodes 1 in, 0, 2 missing "
+            "(not committed yet)") in render(status)
+    waiting.clear()
+    assert samples(observer, "traind_parts_missing") == {(): 0}

@@ -98,13 +98,16 @@ async def prune(
     output_dir: Path,
     pattern: str,
     protected: Collection[str] = (),
+    remote: bool = True,
 ) -> PrunePlan:
     """Finish interrupted deletes, then delete what the plan lets go; return the plan
-    that was applied."""
-    await _finish_deletes(storage, journal)
+    that was applied. Without ``remote`` the store is left to the one host that prunes it
+    (node 0 of a multi-node job) and only output_dir is pruned."""
+    if remote:
+        await _finish_deletes(storage, journal)
     result = await plan(storage, journal, policy, output_dir, pattern, protected)
     for v in result.remote:
-        if not v.keep:
+        if remote and not v.keep:
             await delete(storage, journal, v.tag)
             log.info("checkpoint_pruned", where="remote", tag=v.tag, step=v.step, reason=v.reason,
                      backend=storage.describe)

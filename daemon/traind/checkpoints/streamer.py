@@ -12,6 +12,7 @@ import contextlib
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -21,6 +22,7 @@ from traind.checkpoints import snapshot, writer
 from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer, read_trainer_facts
+from traind.checkpoints.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.checkpoints.restore import identity
 from traind.checkpoints.watcher import StageResult, parse_step
 from traind.errors import (
@@ -30,8 +32,9 @@ from traind.errors import (
     TraindError,
     TransientStorageError,
 )
+from traind.nodes import NodeRank
 from traind.progress import Progress, shown
-from traind.storage.base import LocalFile, Storage
+from traind.storage.base import LocalFile, PartStore, Storage
 from traind.storage.claim import Lease
 from traind.storage.fileio import hash_file
 from traind.storage.tasks import task_group
@@ -59,8 +62,14 @@ class Streamer:
         retry_initial: float = 1.0,
         retry_max: float = 300.0,
         claim_ttl: float = 600.0,
+        node: NodeRank | None = None,
     ) -> None:
         self._run = run
+        self._node = node if node is not None and node.nodes > 1 else None
+        """This host in a multi-node job (its checkpoints are parts), None on one node."""
+        self._waits: dict[str, int] = {}
+        self.waiting_parts: dict[str, WaitingParts] = {}
+        """Tags whose part this host stored, while other nodes' parts are missing."""
         self._state_dir = state_dir
         self._writer: Writer | None = None
         self.staging = staging_dir(state_dir, journal.run)
@@ -177,6 +186,15 @@ class Streamer:
                 self._pending.discard(tag)  # the watcher has it again
             except ClaimHeldError as exc:
                 self._wait_for_claim(tag, exc.lease)  # still pending
+            except PartsPendingError:
+                self._failures.pop(tag, None)
+                self._wait_for_parts(tag)  # still pending
+            except PartsGoneError:
+                await self._parts_gone(tag)
+                self._pending.discard(tag)
+            except PartsDisagreeError as exc:
+                await self._parts_disagree(tag, exc)
+                self._pending.discard(tag)  # never retried: the parts cannot be one whole
             except ConflictError:
                 self.held.pop(tag, None)
                 self._failures.pop(tag, None)
@@ -240,7 +258,10 @@ class Streamer:
 
     async def release(self, tags: list[str]) -> None:
         """Mark this writer's claims on ``tags`` stale (a shutdown leaving them unstored), so
-        the next host takes them over at once; best effort, a failure is logged."""
+        the next host takes them over at once; best effort, a failure is logged. A node's
+        part claim (nodes > 1) is no lease: it stays, for that node's next daemon."""
+        if self._node is not None:
+            return
         ours = await self.writer()
         for tag in tags:
             try:
@@ -249,6 +270,37 @@ class Streamer:
                 log.warning("checkpoint_claim_release_failed", tag=tag, error=str(exc))
                 continue
             log.info("checkpoint_claim_released", tag=tag, backend=self.storage.describe)
+
+    def _wait_for_parts(self, tag: str) -> None:
+        """Look again at ``tag``'s parts in a while: the other hosts' are still coming."""
+        n = self._waits[tag] = self._waits.get(tag, 0) + 1
+        asyncio.get_running_loop().call_later(doubling(n - 1, 0.5, 10.0),
+                                              self._queue.put_nowait, tag)
+
+    async def _parts_disagree(self, tag: str, exc: PartsDisagreeError) -> None:
+        """The hosts' parts of ``tag`` cannot make one checkpoint: stop for good, loudly,
+        and keep the local copy."""
+        self._waits.pop(tag, None)
+        self.waiting_parts.pop(tag, None)
+        self._failures.pop(tag, None)
+        await self._journal.set_state(tag, "conflict")
+        log.error("checkpoint_parts_disagree", tag=tag, error=str(exc),
+                  backend=self.storage.describe, kept=str(self.staging / tag),
+                  hint="the hosts of the job saved different bytes under one path (or "
+                       "different steps under one tag); this checkpoint is never committed")
+
+    async def _parts_gone(self, tag: str) -> None:
+        """Our part of ``tag`` was stored, and the checkpoint deleted from the store since:
+        committed while this host waited and pruned by node 0 (only committed checkpoints
+        are pruned). Claiming it again would leave an orphan part behind."""
+        self._waits.pop(tag, None)
+        self.waiting_parts.pop(tag, None)
+        self._failures.pop(tag, None)
+        await self._journal.set_state(tag, "pruned")
+        await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
+        log.info("checkpoint_pruned_while_waiting", tag=tag, backend=self.storage.describe,
+                 reason="this host's part is gone from the store: the checkpoint was "
+                        "committed and pruned before this host looked again")
 
     async def drop(self, tag: str) -> None:
         """Let go of the snapshot of ``tag`` without storing it (not the one in flight):
@@ -259,6 +311,7 @@ class Streamer:
         self._pending.discard(tag)  # first, so the upload loop cannot pick it up meanwhile
         self._failures.pop(tag, None)
         self.held.pop(tag, None)
+        self.waiting_parts.pop(tag, None)
         if not self._pending:
             self._idle.set()
         # The space before the journal: on a disk with no byte left its write waits for it.
@@ -422,20 +475,49 @@ class Streamer:
         entry = await self._journal.get(tag)
         if entry is None:
             raise StorageError(f"checkpoint {tag} is not in the journal")
-        root = self.staging / tag
         started = time.monotonic()
         ours = await self.writer()
+        parts = self._part_store()
+        if parts is not None:
+            return await self._commit_part(tag, entry.step, ours, parts, progress, started)
         taken = await self._claim(tag, ours)  # before any byte: never over another's objects
         async with self._leased(tag, ours):
-            manifest, stored, progress = await self._upload(tag, entry.step, ours, progress,
-                                                            taken)
+            manifest, progress = await self._upload(tag, entry.step, ours, progress, taken)
             await self.storage.renew(tag, ours)  # still ours: else ConflictError, it lost
             await self.storage.commit(manifest)
+        return await self._finish(tag, entry.step, manifest, progress, started)
+
+    async def _commit_part(self, tag: str, step: int, ours: Writer, parts: PartStore,
+                           progress: Progress | None, started: float) -> Manifest:
+        """With nodes > 1: claim this node's part of ``tag``, send it, store its part
+        manifest and commit the union once every part is in (PartsPendingError until
+        then). A part claim is this node's for good: never renewed nor taken over."""
+        assert self._node is not None
+        if (tag in self._waits  # our part is in: one small read
+                and (found := await parts.committed(tag)) is not None):
+            if not {(f.path, f.size) for f in await self._journal.files(tag)} <= {
+                    (f.path, f.size) for f in found.files}:
+                raise PartsDisagreeError(f"{tag}: committed without this host's files")
+            return await self._finish(tag, step, found, Progress(0), started)
+        if (any(f.sha256 for f in await self._journal.files(tag))
+                and await parts.part_claim(tag, self._node.rank) is None):
+            raise PartsGoneError(tag)  # claimed and sent before, deleted since
+        await parts.claim_part(tag, self._node.rank, ours)
+        manifest, progress = await self._upload(tag, step, ours, progress, False, parts)
+        manifest = await self._commit_union(parts, manifest)
+        return await self._finish(tag, step, manifest, progress, started)
+
+    async def _finish(self, tag: str, step: int, manifest: Manifest, progress: Progress,
+                      started: float) -> Manifest:
+        """``tag`` is committed as ``manifest``: journal it, let its snapshot go, say so."""
+        root = self.staging / tag
+        self._waits.pop(tag, None)
+        self.waiting_parts.pop(tag, None)
         await self._journal.set_state(tag, "committed")
         await asyncio.to_thread(shutil.rmtree, root, True)
         seconds = time.monotonic() - started
         log.info(
-            "checkpoint_committed", tag=tag, step=entry.step, files=len(stored),
+            "checkpoint_committed", tag=tag, step=step, files=len(manifest.files),
             bytes=manifest.total_bytes, sent_bytes=progress.done, seconds=round(seconds, 3),
             mb_per_s=round(progress.done / 1e6 / max(seconds, 1e-9), 1),
             backend=self.storage.describe,
@@ -458,9 +540,9 @@ class Streamer:
         return check
 
     async def _upload(self, tag: str, step: int, ours: Writer, progress: Progress | None,
-                      fresh: bool) -> tuple[Manifest, list[StoredFile], Progress]:
-        """Send what of ``tag`` is not stored yet (all of it when ``fresh``); return its
-        manifest, files and progress."""
+                      fresh: bool, parts: PartStore | None = None) -> tuple[Manifest, Progress]:
+        """Send what of ``tag`` is not stored yet (all of it when ``fresh``), as this node's
+        part when ``parts`` is given; return its manifest, files and progress."""
         root = self.staging / tag
         await self._journal.begin_upload(tag, self.storage.describe, fresh)
         stored = await self._journal.files(tag)
@@ -470,9 +552,11 @@ class Streamer:
         progress = progress or Progress(sum(f.size for f in pending))
         self.current = (tag, progress)
         if pending:
+            guard = self._still_ours(tag, ours) if parts is None else None  # parts: no lease
             session = JournalSession(self._journal, tag, _fan_out(progress.advance, self.on_sent),
-                                     self._still_ours(tag, ours))
-            upload = self.storage.upload(tag, root, pending, session)
+                                     guard)
+            send = parts.upload_part if parts is not None else self.storage.upload
+            upload = send(tag, root, pending, session)
             if shown_by_caller:
                 await upload
             else:
@@ -491,7 +575,76 @@ class Streamer:
             trainer=await asyncio.to_thread(read_trainer_facts, root),
             writer=ours,
         )
-        return manifest, stored, progress
+        return manifest, progress
+
+    def _part_store(self) -> PartStore | None:
+        """The store as a PartStore when this host is one of several, else None."""
+        if self._node is None:
+            return None
+        if not isinstance(self.storage, PartStore):
+            raise StorageError(f"{self.storage.describe} cannot store parts of a multi-node "
+                               "checkpoint (run.nodes > 1 needs storage.type = \"local\")")
+        return self.storage
+
+    async def _commit_union(self, store: PartStore, mine: Manifest) -> Manifest:
+        """Store this host's part of ``mine.tag``, then commit the union when every part is
+        in (whichever host's part lands last commits; the others' commits find the same
+        files committed); raise PartsPendingError while some are missing."""
+        assert self._node is not None
+        ours = mine.writer or await self.writer()
+        await store.commit_part(Part(mine.run, mine.tag, mine.step, self._node.rank,
+                                     self._node.nodes, ours, mine.files, mine.trainer))
+        ranks = await store.part_ranks(mine.tag)
+        decision: Manifest | Incomplete
+        if missing := tuple(r for r in range(self._node.nodes) if r not in ranks):
+            decision = Incomplete(tuple(sorted(ranks)), missing)
+        else:  # ours completed the set: read them all and commit the union
+            decision = union(mine.tag, await store.parts(mine.tag), self._node.nodes, ours)
+        if isinstance(decision, Incomplete):
+            self.waiting_parts[mine.tag] = WaitingParts(mine.step, self._node.rank,
+                                                        decision.present, decision.missing)
+            if mine.tag not in self._waits:  # said once; the re-checks read the manifest
+                self._waits[mine.tag] = 0
+                log.info("checkpoint_part_stored", tag=mine.tag, step=mine.step,
+                         node_rank=self._node.rank, files=len(mine.files),
+                         present=list(decision.present), missing=list(decision.missing))
+            raise PartsPendingError(mine.tag, decision)
+        try:
+            await self.storage.commit(decision)
+        except ConflictError as exc:  # another host's commit of the same union came first
+            if exc.committed is None or exc.committed.files != decision.files:
+                raise
+            decision = exc.committed
+        return decision
+
+
+@dataclass(frozen=True)
+class WaitingParts:
+    """A checkpoint whose part this host stored: its step, this node's rank, and the nodes
+    whose parts are in the store or missing, as last seen."""
+
+    step: int
+    node_rank: int
+    present: tuple[int, ...]
+    missing: tuple[int, ...]
+
+
+class PartsGoneError(TraindError):
+    """This host's part of a checkpoint is gone from the store (committed, then pruned)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        super().__init__(f"{tag}: this host's part is no longer in the store")
+
+
+class PartsPendingError(TraindError):
+    """This host's part is stored; other hosts' parts are still missing."""
+
+    def __init__(self, tag: str, state: Incomplete) -> None:
+        self.tag = tag
+        self.state = state
+        super().__init__(f"{tag}: waiting for the parts of nodes "
+                         f"{', '.join(map(str, state.missing))}")
 
 
 async def _unchanged(tag: str, root: Path, stored: list[StoredFile]) -> None:

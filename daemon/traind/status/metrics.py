@@ -81,6 +81,11 @@ class Metrics:
         self.queue_depth = Gauge(
             "traind_queue_depth", "Complete checkpoints waiting for upload.", registry=r
         )
+        self.parts_missing = Gauge(
+            "traind_parts_missing",
+            "Multi-node runs: other nodes' parts still missing from the checkpoints whose part "
+            "this node stored (0 once each is committed).", registry=r,
+        )
         self.last_committed_step = Gauge(
             "traind_last_committed_step", "Step of the newest committed checkpoint.", registry=r
         )
@@ -151,6 +156,10 @@ class Metrics:
     def set_queue_depth(self, fn: Callable[[], float]) -> None:
         """Read the queue depth from ``fn`` at every scrape."""
         self.queue_depth.set_function(fn)
+
+    def set_parts_missing(self, fn: Callable[[], float]) -> None:
+        """Read the count of missing parts from ``fn`` at every scrape."""
+        self.parts_missing.set_function(fn)
 
     def seconds_since_last_commit(self) -> float | None:
         """Seconds since the newest commit, or None before the first one."""

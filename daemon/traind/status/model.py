@@ -74,6 +74,17 @@ class HeldInfo(TypedDict):
     stale_at: float
 
 
+class PartsInfo(TypedDict):
+    """A checkpoint of a multi-node job whose part this host stored: the nodes whose parts
+    are in the store and those still missing (the checkpoint is not committed yet)."""
+
+    tag: str
+    step: int
+    node_rank: int
+    present: list[int]
+    missing: list[int]
+
+
 class ErrorInfo(TypedDict):
     """A recent error: when, the log event, and its fields as one line."""
 
@@ -96,6 +107,7 @@ class StatusSnapshot(TypedDict):
     committed: list[CommittedInfo]
     dropped: list[DroppedInfo]
     held: list[HeldInfo]
+    parts: list[PartsInfo]
     next_prune: float | None
     errors: list[ErrorInfo]
 
@@ -158,6 +170,7 @@ def snapshot(
     committed: Iterable[CommittedInfo] = (),
     dropped: Iterable[DroppedInfo] = (),
     held: Iterable[HeldInfo] = (),
+    parts: Iterable[PartsInfo] = (),
     next_prune: float | None = None,
     errors: Iterable[ErrorInfo] = (),
     now: float | None = None,
@@ -171,6 +184,7 @@ def snapshot(
         committed=sorted(committed, key=lambda c: c["step"]),
         dropped=sorted(dropped, key=lambda d: d["step"]),
         held=sorted(held, key=lambda h: h["tag"]),
+        parts=sorted(parts, key=lambda p: p["step"]),
         next_prune=next_prune, errors=list(errors),
     )
 

@@ -72,6 +72,10 @@ def render(status: StatusSnapshot, now: float | None = None) -> str:
                  else "now")
         out.append(f"waiting    {held['tag']} on writer {held['holder']}'s claim (its upload "
                    f"is not committed; stale {stale} unless renewed)")
+    for part in status.get("parts", []):
+        out.append(f"parts      {part['tag']}: this node ({part['node_rank']}) stored; nodes "
+                   f"{', '.join(map(str, part['present']))} in, "
+                   f"{', '.join(map(str, part['missing']))} missing (not committed yet)")
     out.append(f"next prune {_when(status['next_prune'], now)}")
     if status["errors"]:
         out += ["", "recent errors (oldest first)"]

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from traind.checkpoints.manifest import Manifest, Writer
+from traind.checkpoints.parts import Part
 from traind.storage.claim import Lease
 
 Advance = Callable[[int], None]
@@ -109,3 +110,41 @@ class Storage(Protocol):
 
     async def aclose(self) -> None:
         """Release connections."""
+
+
+@runtime_checkable
+class PartStore(Protocol):
+    """What a backend adds for multi-node runs (``[run] nodes > 1``): each host claims,
+    uploads and describes its own part of a tag; the union is committed with ``commit``."""
+
+    async def claim_part(self, tag: str, rank: int, writer: Writer) -> None:
+        """Take node ``rank``'s part of ``tag`` for ``writer``, atomically; ConflictError when
+        another writer holds that part, or a single writer holds the whole tag."""
+
+    async def part_claim(self, tag: str, rank: int) -> Writer | None:
+        """Who holds node ``rank``'s part of ``tag``; None when nobody (never claimed, or
+        the checkpoint was deleted since)."""
+        ...
+
+    async def upload_part(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        """Like ``upload``, but never over another host's file: a path stored already is
+        kept when its bytes are these, and PartsDisagreeError when they differ."""
+
+    async def commit_part(self, part: Part) -> None:
+        """Write ``part``'s manifest beside its files (after every file is stored)."""
+
+    async def part_ranks(self, tag: str) -> set[int]:
+        """The node ranks whose part manifest of ``tag`` is stored: names only, one listing
+        (every host asks once per checkpoint; only the one completing the set reads them)."""
+        ...
+
+    async def parts(self, tag: str) -> list[Part]:
+        """Every part manifest stored for ``tag``, in no particular order."""
+        ...
+
+    async def committed(self, tag: str) -> Manifest | None:
+        """The manifest of ``tag`` when it is committed: one small read, how a host whose
+        part waits learns that the last part's host committed the union."""
+        ...

@@ -11,16 +11,32 @@ import asyncio
 import functools
 import os
 import shutil
+import threading
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from traind.checkpoints.manifest import Manifest, Writer, listed
+from traind.checkpoints.parts import (
+    PART_CLAIM_PREFIX,
+    PART_PREFIX,
+    Part,
+    PartsDisagreeError,
+    part_claim_name,
+    part_name,
+)
 from traind.config import LocalStorage
-from traind.errors import IntegrityError, StorageError, TransientStorageError
+from traind.errors import ConflictError, IntegrityError, StorageError, TransientStorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import Lease, check_committed, check_held, check_lease, is_claim_file
-from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir
+from traind.storage.claim import (
+    Lease,
+    check_claim,
+    check_committed,
+    check_held,
+    check_lease,
+    is_claim_file,
+)
+from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash_file
 from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.tasks import Slots, task_group
 
@@ -67,6 +83,8 @@ class LocalBackend:
             return
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, self._manifest(tag), self.describe)
+            if (holder := _part_holder(path.parent)) is not None:  # a multi-node job's tag
+                raise ConflictError(tag, str(writer), str(holder), str(path.parent))
         except BaseException:
             path.unlink(missing_ok=True)
             raise
@@ -109,6 +127,70 @@ class LocalBackend:
         (base / CLAIM_NAME).unlink(missing_ok=True)
         fsync_dir(base)
         return True
+    async def claim_part(self, tag: str, rank: int, writer: Writer) -> None:
+        await _io(self._claim_part, tag, rank, writer)
+
+    def _claim_part(self, tag: str, rank: int, writer: Writer) -> None:
+        path = self._root / check_tag(tag) / part_claim_name(rank)
+        made = create_exclusive(path, writer.to_json())
+        if not made:
+            check_claim(tag, writer, Writer.from_json(path.read_bytes()), str(path))
+        whole = path.with_name(CLAIM_NAME)  # checked after ours exists: a racing single
+        if whole.is_file():  # writer checks for parts after its claim exists, so one sees
+            if made:  # the other
+                path.unlink(missing_ok=True)
+            raise ConflictError(tag, str(writer), str(Writer.from_json(whole.read_bytes())),
+                                str(whole))
+
+    async def part_claim(self, tag: str, rank: int) -> Writer | None:
+        return await _io(self._part_claim, self._root / check_tag(tag) / part_claim_name(rank))
+
+    @staticmethod
+    def _part_claim(path: Path) -> Writer | None:
+        return Writer.from_json(path.read_bytes()) if path.is_file() else None
+
+    async def upload_part(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        dest = self._root / check_tag(tag)
+        slots = Slots(self._concurrency)
+
+        async def one(f: LocalFile) -> None:
+            target = dest / check_relpath(f.path)
+            sha = await _io(_store_file_once, tag, root / f.path, target, session.advance)
+            await session.file_done(f.path, sha)
+
+        async with task_group() as tg:
+            for f in files:
+                tg.create_task(slots.run(functools.partial(one, f)))
+
+    async def commit_part(self, part: Part) -> None:
+        target = self._root / check_tag(part.tag) / part_name(part.node_rank)
+        await _io(_write_atomic, target, part.to_json())
+
+    async def part_ranks(self, tag: str) -> set[int]:
+        return await _io(self._part_ranks, self._root / check_tag(tag))
+
+    @staticmethod
+    def _part_ranks(tag_dir: Path) -> set[int]:
+        if not tag_dir.is_dir():
+            return set()
+        names = (p.name.removeprefix(PART_PREFIX).removesuffix(".json")
+                 for p in tag_dir.glob(f"{PART_PREFIX}*.json"))
+        return {int(n) for n in names if n.isdigit()}
+
+    async def committed(self, tag: str) -> Manifest | None:
+        return await _io(self._manifest, check_tag(tag))
+
+    async def parts(self, tag: str) -> list[Part]:
+        return await _io(self._read_parts, self._root / check_tag(tag))
+
+    @staticmethod
+    def _read_parts(tag_dir: Path) -> list[Part]:
+        if not tag_dir.is_dir():
+            return []
+        return [Part.from_json(p.read_bytes()) for p in sorted(tag_dir.glob(f"{PART_PREFIX}*"))
+                if p.name.endswith(".json")]
 
     def _manifest(self, tag: str) -> Manifest | None:
         path = self._root / tag / MANIFEST_NAME
@@ -202,6 +284,34 @@ def _store_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
     result = copy_hashed(src, part, advance)
     os.replace(part, target)
     return result
+
+
+def _part_holder(tag_dir: Path) -> Writer | None:
+    """A writer holding some node's part of the tag in ``tag_dir``, if any."""
+    for claim in tag_dir.glob(f"{PART_CLAIM_PREFIX}*.json"):
+        return Writer.from_json(claim.read_bytes())
+    return None
+
+
+def _store_file_once(tag: str, src: Path, target: Path, advance: Advance) -> str:
+    """Store a part's file under a name of its own, then link it into place unless another
+    host stored that path already: kept when the bytes agree, PartsDisagreeError if not."""
+    part = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}{PART_SUFFIX}")
+    try:
+        _, sha = copy_hashed(src, part, advance)
+        try:
+            os.link(part, target)
+        except FileExistsError:
+            _, there = hash_file(target)
+            if there != sha:
+                raise PartsDisagreeError(
+                    f"{tag}: {target.name} in the store ({target}) differs from this host's "
+                    f"(sha256 {there[:12]}… != {sha[:12]}…); another node saved other bytes "
+                    "under the same path") from None
+    finally:
+        part.unlink(missing_ok=True)
+    fsync_dir(target.parent)
+    return sha
 
 
 def _fetch_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
