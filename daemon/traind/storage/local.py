@@ -59,12 +59,19 @@ class LocalBackend:
     async def upload(
         self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:
+        await self._send(tag, root, files, session, _store_file)
+
+    async def _send(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession,
+        store: Callable[[Path, Path, Advance], str],
+    ) -> None:
+        """Copy ``files`` under ``tag`` with ``store`` (in a thread, ``concurrency`` at once),
+        each journalled through ``session`` as soon as it is in place."""
         dest = self._root / check_tag(tag)
         slots = Slots(self._concurrency)
 
         async def one(f: LocalFile) -> None:
-            target = dest / check_relpath(f.path)
-            _, sha = await _io(_store_file, root / f.path, target, session.advance)
+            sha = await _io(store, root / f.path, dest / check_relpath(f.path), session.advance)
             await session.file_done(f.path, sha)
 
         async with task_group() as tg:
@@ -152,17 +159,7 @@ class LocalBackend:
     async def upload_part(
         self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:
-        dest = self._root / check_tag(tag)
-        slots = Slots(self._concurrency)
-
-        async def one(f: LocalFile) -> None:
-            target = dest / check_relpath(f.path)
-            sha = await _io(_store_file_once, tag, root / f.path, target, session.advance)
-            await session.file_done(f.path, sha)
-
-        async with task_group() as tg:
-            for f in files:
-                tg.create_task(slots.run(functools.partial(one, f)))
+        await self._send(tag, root, files, session, functools.partial(_store_file_once, tag))
 
     async def commit_part(self, part: Part) -> None:
         target = self._root / check_tag(part.tag) / part_name(part.node_rank)
@@ -279,11 +276,12 @@ async def _io(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         raise StorageError(f"local store: {exc.strerror or exc}: {exc.filename or ''}") from exc
 
 
-def _store_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
+def _store_file(src: Path, target: Path, advance: Advance) -> str:
+    """Copy ``src`` to ``target`` under a temporary name, then rename; return its sha256."""
     part = target.with_name(target.name + PART_SUFFIX)
-    result = copy_hashed(src, part, advance)
+    _, sha = copy_hashed(src, part, advance)
     os.replace(part, target)
-    return result
+    return sha
 
 
 def _part_holder(tag_dir: Path) -> Writer | None:
