@@ -94,10 +94,7 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """Serialise to the on-store JSON form."""
-        body = asdict(self)
-        body["files"] = [asdict(f) for f in self.files]
-        body["total_bytes"] = self.total_bytes
-        return json.dumps(body, indent=1, sort_keys=True).encode()
+        return to_json(self, total_bytes=self.total_bytes)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Manifest:
@@ -106,10 +103,7 @@ class Manifest:
             raw = json.loads(data)
             if raw["version"] != FORMAT_VERSION:
                 raise ValueError(f"unsupported manifest version {raw['version']!r}")
-            files = tuple(
-                FileEntry(check_relpath(str(f["path"])), int(f["size"]), str(f["sha256"]))
-                for f in raw["files"]
-            )
+            files = parse_files(raw["files"])
             return cls(
                 run=str(raw["run"]),
                 tag=check_tag(str(raw["tag"])),
@@ -180,3 +174,19 @@ def verify(manifest: Manifest, got: Mapping[str, tuple[int, str]]) -> None:
         raise IntegrityError(
             f"checkpoint {manifest.tag} failed verification: " + "; ".join(problems)
         )
+
+
+def to_json(record: Any, **extra: Any) -> bytes:
+    """A manifest-like dataclass (a checkpoint's, or one host's part) as its on-store JSON,
+    with ``extra`` fields added."""
+    body = asdict(record)
+    body["files"] = [asdict(f) for f in record.files]
+    body.update(extra)
+    return json.dumps(body, indent=1, sort_keys=True).encode()
+
+
+def parse_files(raw: Any) -> tuple[FileEntry, ...]:
+    """The ``files`` list of a stored manifest or part manifest, every path validated."""
+    return tuple(
+        FileEntry(check_relpath(str(f["path"])), int(f["size"]), str(f["sha256"])) for f in raw
+    )

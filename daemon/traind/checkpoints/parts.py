@@ -12,11 +12,19 @@ import json
 import socket
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from traind.checkpoints.manifest import FORMAT_VERSION, FileEntry, Manifest, TrainerFacts, Writer
+from traind.checkpoints.manifest import (
+    FORMAT_VERSION,
+    FileEntry,
+    Manifest,
+    TrainerFacts,
+    Writer,
+    parse_files,
+    to_json,
+)
 from traind.errors import IntegrityError
-from traind.storage.keys import check_relpath, check_tag
+from traind.storage.keys import check_tag
 
 PART_PREFIX = "traind-part-"
 PART_CLAIM_PREFIX = "traind-writer-"
@@ -51,9 +59,7 @@ class Part:
 
     def to_json(self) -> bytes:
         """The part manifest's body in the store."""
-        body = asdict(self)
-        body["files"] = [asdict(f) for f in self.files]
-        return json.dumps(body, indent=1, sort_keys=True).encode()
+        return to_json(self)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Part:
@@ -69,10 +75,7 @@ class Part:
                 node_rank=int(raw["node_rank"]),
                 nodes=int(raw["nodes"]),
                 writer=Writer(str(raw["writer"]["id"]), str(raw["writer"]["host"])),
-                files=tuple(
-                    FileEntry(check_relpath(str(f["path"])), int(f["size"]), str(f["sha256"]))
-                    for f in raw["files"]
-                ),
+                files=parse_files(raw["files"]),
                 trainer=TrainerFacts(**raw.get("trainer") or {}),
                 created_at=float(raw["created_at"]),
                 host=str(raw["host"]),

@@ -48,6 +48,20 @@ def store(tmp_path: Path) -> LocalBackend:
     return LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
 
 
+async def staged_host(tmp_path: Path, rank: int, backend: LocalBackend
+                      ) -> tuple[Streamer, Journal]:
+    """Host ``rank`` of a two-node job with its own part of TAG (one DCP file) staged."""
+    src = tmp_path / f"out{rank}" / TAG
+    src.mkdir(parents=True)
+    (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
+    journal = Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
+                      RunIdentity("run", src.parent, backend.describe))
+    streamer = Streamer("run", tmp_path / f"state{rank}", backend, journal,
+                        node=NodeRank(rank, 2, "test"))
+    assert await streamer.stage(TAG, 4, src) is StageResult.STAGED
+    return streamer, journal
+
+
 async def test_each_rank_claims_its_own_part(tmp_path: Path) -> None:
     """Two hosts claim ranks 0 and 1 of one tag; a second writer for a rank is refused, and
     a retried claim by its holder is not."""
@@ -98,14 +112,7 @@ async def test_part_pruned_while_waiting_leaves_no_orphan(tmp_path: Path) -> Non
     backend = store(tmp_path)
     streamers = []
     for rank in (0, 1):
-        src = tmp_path / f"out{rank}" / TAG
-        src.mkdir(parents=True)
-        (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
-        journal = Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
-                          RunIdentity("run", src.parent, backend.describe))
-        streamer = Streamer("run", tmp_path / f"state{rank}", backend, journal,
-                            node=NodeRank(rank, 2, "test"))
-        assert await streamer.stage(TAG, 4, src) is StageResult.STAGED
+        streamer, journal = await staged_host(tmp_path, rank, backend)
         streamers.append((streamer, journal))
     with pytest.raises(PartsPendingError):
         await streamers[1][0].commit(TAG)
@@ -148,14 +155,7 @@ async def test_only_the_last_part_reads_the_parts(tmp_path: Path) -> None:
     hosts = []
     for rank in (0, 1):
         backend = Counting(LocalStorage(path=tmp_path / "store"))
-        src = tmp_path / f"out{rank}" / TAG
-        src.mkdir(parents=True)
-        (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
-        journal = Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
-                          RunIdentity("run", src.parent, backend.describe))
-        streamer = Streamer("run", tmp_path / f"state{rank}", backend, journal,
-                            node=NodeRank(rank, 2, "test"))
-        assert await streamer.stage(TAG, 4, src) is StageResult.STAGED
+        streamer, journal = await staged_host(tmp_path, rank, backend)
         hosts.append((streamer, journal, backend))
     (waiting, journal1, store1), (last, journal0, store0) = hosts[1], hosts[0]
     with pytest.raises(PartsPendingError):
