@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Manifest
-from traind.checkpoints.parts import Part
 from traind.checkpoints.streamer import PartsPendingError, Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
+from traind.layout.manifest import Manifest
+from traind.layout.parts import Part
 from traind.nodes import NodeRank
 from traind.storage.local import LocalBackend
 from traind.units import parse_size

@@ -396,7 +396,7 @@ def _backend(endpoint: str, bucket: str) -> object:
     from pydantic import SecretStr
 
     from traind.config import S3Storage
-    from traind.storage.s3 import S3Backend
+    from traind.storage.s3.backend import S3Backend
 
     config = S3Storage(type="s3", bucket=bucket, prefix="bench", endpoint_url=endpoint,
                        region=REGION, addressing_style="path",
@@ -406,9 +406,9 @@ def _backend(endpoint: str, bucket: str) -> object:
 
 
 async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> None:
-    from traind.checkpoints.manifest import FileEntry, Manifest
-    from traind.storage.base import LocalFile
-    from traind.storage.s3 import S3Backend
+    from traind.layout.manifest import FileEntry, Manifest
+    from traind.storage import LocalFile
+    from traind.storage.s3.backend import S3Backend
 
     root = Path(src)
     files = [LocalFile(p.name, p.stat().st_size) for p in sorted(root.iterdir())]
@@ -425,8 +425,8 @@ async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> N
 
 
 async def _traind_download(endpoint: str, bucket: str, dest: str, inside: str) -> None:
-    from traind.checkpoints.manifest import verify
-    from traind.storage.s3 import S3Backend
+    from traind.layout.manifest import verify
+    from traind.storage.s3.backend import S3Backend
 
     backend = _backend(endpoint, bucket)
     assert isinstance(backend, S3Backend)

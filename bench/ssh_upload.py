@@ -228,10 +228,10 @@ def print_table(results: dict[str, list[Result]], total: int, size: int) -> None
 
 async def worker(config_path: Path, ckpt: Path, transfer: str) -> None:
     """Child-process mode: upload ``ckpt`` with the traind SSH backend, then commit it."""
-    from traind.checkpoints.manifest import FileEntry, Manifest
     from traind.config import SSHStorage
-    from traind.storage.base import LocalFile
-    from traind.storage.ssh import SSHBackend
+    from traind.layout.manifest import FileEntry, Manifest
+    from traind.storage import LocalFile
+    from traind.storage.ssh.backend import SSHBackend
 
     raw = json.loads(config_path.read_text())
     config = SSHStorage.model_validate({**raw, "transfer": transfer})

@@ -19,19 +19,18 @@ from traind import config
 from traind.backoff import doubling
 from traind.checkpoints import pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.space import SpaceGuard, open_journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
+from traind.layout.manifest import Manifest
 from traind.observe import Observer
 from traind.reload import plan_reload
 from traind.status import locate
 from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
-from traind.storage.base import Storage
-from traind.storage.factory import open_storage
+from traind.storage import Storage, open_storage
 from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor

@@ -25,7 +25,7 @@ from traind.launch.cli import add_launch_parser
 from traind.launch.cli import handle as _launch
 
 if TYPE_CHECKING:
-    from traind.checkpoints.manifest import Manifest
+    from traind.layout.manifest import Manifest
 
 log = structlog.get_logger("traind.cli")
 
@@ -297,7 +297,7 @@ async def _status(args: argparse.Namespace) -> int:
 
 
 async def _check_config(args: argparse.Namespace) -> int:
-    from traind.storage.factory import open_storage
+    from traind.storage import open_storage
 
     path = config.config_path(args.config)
     settings = config.load(path)
@@ -321,7 +321,7 @@ async def _check_config(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> int:
-    from traind.storage.factory import open_storage
+    from traind.storage import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
@@ -377,7 +377,7 @@ async def _pull(args: argparse.Namespace) -> int:
     from traind.checkpoints.restore import find, restore, restore_newest
     from traind.errors import IntegrityError
     from traind.progress import Progress, shown
-    from traind.storage.factory import open_storage
+    from traind.storage import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
@@ -442,7 +442,7 @@ async def _verify(args: argparse.Namespace) -> int:
     from traind.checkpoints.identity import RunIdentity
     from traind.checkpoints.journal import Journal
     from traind.checkpoints.restore import find
-    from traind.storage.factory import open_storage
+    from traind.storage import open_storage
     from traind.units import format_size
 
     settings = _settings(args)
@@ -503,7 +503,7 @@ async def _prune(args: argparse.Namespace) -> int:
     from traind.checkpoints import pruner
     from traind.checkpoints.identity import RunIdentity
     from traind.checkpoints.journal import Journal
-    from traind.storage.factory import open_storage
+    from traind.storage import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)

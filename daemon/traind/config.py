@@ -35,8 +35,8 @@ from pydantic_settings import (
 
 from traind import nodes
 from traind.errors import ConfigError
+from traind.layout.keys import check_component
 from traind.status.address import parse_listen
-from traind.storage.keys import check_component
 from traind.units import Duration, Floor, PositiveDuration, Size
 
 DEFAULT_CONFIG = Path("/etc/traind/traind.toml")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from traind.checkpoints.manifest import Manifest
+    from traind.layout.manifest import Manifest
     from traind.storage.claim import Lease
 
 

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import newest
 from traind.checkpoints.space import Pinned
 from traind.checkpoints.streamer import Streamer
+from traind.layout.manifest import Manifest
 from traind.status import model
 from traind.status.metrics import Metrics
 from traind.status.render import one_line

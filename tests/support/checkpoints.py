@@ -13,7 +13,7 @@ from tests.support.daemon import write_config
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
-from traind.storage.base import Storage
+from traind.storage import Storage
 
 OLD_JOURNAL_SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (

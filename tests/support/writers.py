@@ -15,11 +15,11 @@ from tests.support.checkpoints import write_checkpoint
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal, JournalSession
-from traind.checkpoints.manifest import Manifest, Writer
 from traind.checkpoints.restore import restore
 from traind.checkpoints.streamer import Streamer
 from traind.errors import ClaimHeldError, ConflictError, TransientStorageError
-from traind.storage.base import LocalFile, Storage
+from traind.layout.manifest import Manifest, Writer
+from traind.storage import LocalFile, Storage
 
 
 @dataclass

@@ -12,7 +12,7 @@ from tests.support.checkpoints import OLD_JOURNAL_SCHEMA
 
 from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.checkpoints.journal import Journal, StagedFile
-from traind.storage.base import LocalFile
+from traind.storage import LocalFile
 
 STORE_A = "local:/store/a"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from traind.checkpoints.manifest import FileEntry, Manifest, read_trainer_facts, verify
 from traind.errors import IntegrityError, UnsafePathError
-from traind.storage.keys import check_relpath, check_tag
+from traind.layout.keys import check_relpath, check_tag
+from traind.layout.manifest import FileEntry, Manifest, read_trainer_facts, verify
 
 M = Manifest(
     "run", "checkpoint-4", 4, (FileEntry("a/b.bin", 3, "ab" * 32), FileEntry("c", 1, "0" * 64))

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from traind.checkpoints.manifest import FileEntry, Manifest, TrainerFacts, Writer
-from traind.checkpoints.parts import (
+from traind.errors import IntegrityError
+from traind.layout.manifest import FileEntry, Manifest, TrainerFacts, Writer
+from traind.layout.parts import (
     Incomplete,
     Part,
     PartsDisagreeError,
     part_name,
     union,
 )
-from traind.errors import IntegrityError
 
 W0, W1, W2 = (Writer(f"{i}" * 32, f"node{i}") for i in range(3))
 CONFIG = FileEntry("config.json", 10, "c" * 64)

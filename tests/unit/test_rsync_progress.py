@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traind.storage.ssh_rsync import progress_totals
+from traind.storage.ssh.rsync import progress_totals
 
 OUTPUT = (
     b"\r         32,768   0%    0.00kB/s    0:00:00  "

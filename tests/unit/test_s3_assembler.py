@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from traind.errors import IntegrityError
-from traind.storage import fileio, s3_download
+from traind.storage import fileio
 from traind.storage.fileio import ALIGN, create
-from traind.storage.s3_download import Assembler
+from traind.storage.s3 import download as s3_download
+from traind.storage.s3.download import Assembler
 
 RANGE = 16 * ALIGN
 

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from traind.storage import ssh_wire as wire
+from traind.storage.ssh.openssh import wire
 
 
 def _split(packet: bytes) -> tuple[int, int, wire.Fields]:

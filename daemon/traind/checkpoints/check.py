@@ -19,10 +19,10 @@ from pathlib import Path
 import structlog
 
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Manifest, mismatch
 from traind.checkpoints.restore import identity
 from traind.errors import IntegrityError
-from traind.storage.base import Storage
+from traind.layout.manifest import Manifest, mismatch
+from traind.storage import Storage
 
 log = structlog.get_logger("traind.check")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traind.config import Settings
-from traind.storage.base import Storage
+from traind.storage import Storage
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import structlog
 
 from traind.backoff import doubling
 from traind.checkpoints.identity import RunIdentity, staging_dir
-from traind.storage.base import LocalFile
+from traind.storage import LocalFile
 
 State = Literal["staged", "ready", "committed", "pruning", "pruned", "conflict", "dropped"]
 P = ParamSpec("P")

@@ -16,7 +16,7 @@ from traind.checkpoints.restore import identity, newest
 from traind.checkpoints.retention import Candidate, Verdict, plan_local, plan_remote
 from traind.checkpoints.watcher import candidates
 from traind.config import RetentionConfig
-from traind.storage.base import Storage
+from traind.storage import Storage
 
 log = structlog.get_logger("traind.retention")
 

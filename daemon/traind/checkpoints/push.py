@@ -13,15 +13,14 @@ from pathlib import Path
 from traind.checkpoints import snapshot
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, parse_step
 from traind.config import Settings
 from traind.errors import TraindError
+from traind.layout.keys import check_tag
+from traind.layout.manifest import Manifest
 from traind.progress import Progress, shown
-from traind.storage.base import Storage
-from traind.storage.factory import open_storage
-from traind.storage.keys import check_tag
+from traind.storage import Storage, open_storage
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import structlog
 
 from traind.checkpoints import snapshot, writer
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import (
     find,
     identity,
@@ -21,7 +20,8 @@ from traind.checkpoints.restore import (
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import candidates, tag_problem
 from traind.config import CheckpointsConfig
-from traind.storage.base import Storage
+from traind.layout.manifest import Manifest
+from traind.storage import Storage
 
 log = structlog.get_logger("traind.recovery")
 

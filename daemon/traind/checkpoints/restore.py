@@ -22,10 +22,10 @@ from pathlib import Path
 import structlog
 
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Manifest, verify
 from traind.errors import IntegrityError, NotFoundError, StorageError
+from traind.layout.manifest import Manifest, verify
 from traind.progress import Progress
-from traind.storage.base import Storage
+from traind.storage import Storage
 from traind.storage.fileio import fsync_dir
 
 log = structlog.get_logger("traind.restore")

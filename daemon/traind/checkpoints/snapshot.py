@@ -25,7 +25,7 @@ from pathlib import Path
 from traind.checkpoints.completion import EXPLICIT_MARKER, Observation, Signature
 from traind.checkpoints.journal import StagedFile, StoredFile
 from traind.errors import TraindError
-from traind.storage.keys import check_relpath
+from traind.layout.keys import check_relpath
 
 
 class SourceVanishedError(TraindError):

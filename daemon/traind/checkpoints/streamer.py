@@ -21,8 +21,6 @@ from traind.backoff import doubling
 from traind.checkpoints import snapshot, writer
 from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
-from traind.checkpoints.manifest import FileEntry, Manifest, Writer, read_trainer_facts
-from traind.checkpoints.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.checkpoints.restore import identity
 from traind.checkpoints.watcher import StageResult, parse_step
 from traind.errors import (
@@ -32,9 +30,11 @@ from traind.errors import (
     TraindError,
     TransientStorageError,
 )
+from traind.layout.manifest import FileEntry, Manifest, Writer, read_trainer_facts
+from traind.layout.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.nodes import NodeRank
 from traind.progress import Progress, shown
-from traind.storage.base import LocalFile, PartStore, Storage
+from traind.storage import LocalFile, PartStore, Storage
 from traind.storage.claim import Lease
 from traind.storage.fileio import hash_file
 from traind.storage.tasks import task_group

@@ -22,7 +22,7 @@ from traind.checkpoints.completion import Action, Observation, Tracked, decide, 
 from traind.checkpoints.snapshot import observe
 from traind.config import CheckpointsConfig
 from traind.errors import UnsafePathError
-from traind.storage.keys import check_tag
+from traind.layout.keys import check_tag
 
 log = structlog.get_logger("traind.watcher")
 _STEP = re.compile(r"(\d+)$")

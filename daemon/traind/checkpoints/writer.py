@@ -13,8 +13,8 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-from traind.checkpoints.manifest import Manifest, Writer
 from traind.errors import TraindError
+from traind.layout.manifest import Manifest, Writer
 from traind.storage.fileio import create_exclusive
 
 WRITER_ID_FILE = "writer-id"

@@ -25,7 +25,7 @@ from traind.config import Section, read_toml
 from traind.errors import ConfigError
 from traind.launch.base import Constraints
 from traind.launch.packages import traind_requirements
-from traind.storage.keys import check_component
+from traind.layout.keys import check_component
 from traind.units import Duration
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from traind.launch.base import Handle
 from traind.launch.errors import LaunchError, LaunchNotFoundError, ProvisionError
-from traind.storage.keys import check_component
+from traind.layout.keys import check_component
 
 STATE_ENV = "TRAIND_LAUNCH_STATE"
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from traind.checkpoints.manifest import Manifest, Writer
-from traind.checkpoints.parts import Part
+from traind.layout.manifest import Manifest, Writer
+from traind.layout.parts import Part
 from traind.storage.claim import Lease
 
 Advance = Callable[[int], None]

@@ -14,9 +14,9 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 
-from traind.checkpoints.manifest import Manifest, Writer
 from traind.errors import ClaimHeldError, ConflictError, IntegrityError
-from traind.storage.keys import CLAIM_NAME
+from traind.layout.keys import CLAIM_NAME
+from traind.layout.manifest import Manifest, Writer
 
 
 def check_claim(tag: str, ours: Writer, holder: Writer, where: str) -> None:

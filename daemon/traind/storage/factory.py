@@ -9,8 +9,8 @@ from traind.storage.base import Storage
 
 _BACKENDS = {
     "local": ("traind.storage.local", "LocalBackend"),
-    "s3": ("traind.storage.s3", "S3Backend"),
-    "ssh": ("traind.storage.ssh", "SSHBackend"),
+    "s3": ("traind.storage.s3.backend", "S3Backend"),
+    "ssh": ("traind.storage.ssh.backend", "SSHBackend"),
 }
 
 

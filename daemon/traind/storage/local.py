@@ -16,8 +16,11 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from traind.checkpoints.manifest import Manifest, Writer, listed
-from traind.checkpoints.parts import (
+from traind.config import LocalStorage
+from traind.errors import ConflictError, IntegrityError, StorageError, TransientStorageError
+from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
+from traind.layout.manifest import Manifest, Writer, listed
+from traind.layout.parts import (
     PART_CLAIM_PREFIX,
     PART_PREFIX,
     Part,
@@ -25,8 +28,6 @@ from traind.checkpoints.parts import (
     part_claim_name,
     part_name,
 )
-from traind.config import LocalStorage
-from traind.errors import ConflictError, IntegrityError, StorageError, TransientStorageError
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import (
     Lease,
@@ -37,7 +38,6 @@ from traind.storage.claim import (
     is_claim_file,
 )
 from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash_file
-from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.tasks import Slots, task_group
 
 PART_SUFFIX = ".traind-part"

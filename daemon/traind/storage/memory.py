@@ -7,11 +7,11 @@ import hashlib
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from traind.checkpoints.manifest import Manifest, Writer
 from traind.errors import IntegrityError
+from traind.layout.keys import check_relpath, check_tag
+from traind.layout.manifest import Manifest, Writer
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import Lease, check_committed, check_held, check_lease
-from traind.storage.keys import check_relpath, check_tag
 
 
 class MemoryBackend:

@@ -16,12 +16,12 @@ from tests.support.writers import (
     side,
 )
 
-from traind.checkpoints.manifest import Manifest
 from traind.config import LocalStorage
 from traind.errors import ClaimHeldError, ConflictError
-from traind.storage.base import Storage
+from traind.layout.keys import CLAIM_NAME
+from traind.layout.manifest import Manifest
+from traind.storage import Storage
 from traind.storage.claim import Lease
-from traind.storage.keys import CLAIM_NAME
 from traind.storage.local import LocalBackend
 from traind.storage.memory import MemoryBackend
 

@@ -9,9 +9,9 @@ from tests.support.checkpoints import write_checkpoint
 
 from traind.app import Daemon
 from traind.checkpoints.completion import EXPLICIT_MARKER
-from traind.checkpoints.manifest import Manifest
 from traind.config import validate
 from traind.errors import TransientStorageError
+from traind.layout.manifest import Manifest
 from traind.storage.memory import MemoryBackend
 
 

@@ -19,7 +19,7 @@ from traind.checkpoints.space import SpaceGuard
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.errors import TraindError, TransientStorageError
-from traind.storage.base import LocalFile, UploadSession
+from traind.storage import LocalFile, UploadSession
 from traind.storage.memory import MemoryBackend
 
 

@@ -12,12 +12,12 @@ from structlog.testing import capture_logs
 from tests.support.checkpoints import run_in
 
 from traind.checkpoints.journal import Journal, JournalSession
-from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.checkpoints.restore import find, restore
 from traind.config import LocalStorage
 from traind.errors import IntegrityError, NotFoundError, StorageError
-from traind.storage.base import LocalFile
-from traind.storage.keys import MANIFEST_NAME
+from traind.layout.keys import MANIFEST_NAME
+from traind.layout.manifest import FileEntry, Manifest
+from traind.storage import LocalFile
 from traind.storage.local import LocalBackend
 
 

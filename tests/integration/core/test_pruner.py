@@ -9,9 +9,9 @@ from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, 
 
 from traind.checkpoints import pruner
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import identity
 from traind.config import RetentionConfig
+from traind.layout.manifest import Manifest
 from traind.storage.memory import MemoryBackend
 
 

@@ -18,11 +18,11 @@ from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, 
 from traind.app import Daemon
 from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal, State
-from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.recovery import resume_point
 from traind.checkpoints.streamer import Streamer
 from traind.config import Settings, validate
-from traind.storage.base import LocalFile, UploadSession
+from traind.layout.manifest import Manifest
+from traind.storage import LocalFile, UploadSession
 from traind.storage.memory import MemoryBackend
 
 

@@ -11,10 +11,10 @@ import pytest
 from structlog.testing import capture_logs
 from tests.support.writers import check_one_writer_each, close, race, side
 
-from traind.checkpoints.manifest import FileEntry, Manifest, Writer
 from traind.config import LocalStorage
 from traind.errors import ClaimHeldError, ConflictError
-from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME
+from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.storage.local import LocalBackend
 from traind.storage.memory import MemoryBackend
 

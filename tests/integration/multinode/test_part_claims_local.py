@@ -11,14 +11,14 @@ from structlog.testing import capture_logs
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Manifest, Writer
-from traind.checkpoints.parts import Part, PartsDisagreeError
 from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
 from traind.errors import ConflictError
+from traind.layout.manifest import Manifest, Writer
+from traind.layout.parts import Part, PartsDisagreeError
 from traind.nodes import NodeRank
-from traind.storage.base import LocalFile
+from traind.storage import LocalFile
 from traind.storage.local import LocalBackend
 
 W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")

@@ -16,8 +16,8 @@ from tests.support.daemon import DaemonProcess, Event, write_config
 from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
 
-from traind.checkpoints.parts import Part, part_name
-from traind.storage.keys import MANIFEST_NAME
+from traind.layout.keys import MANIFEST_NAME
+from traind.layout.parts import Part, part_name
 
 SCRIPT = Path(__file__).parents[2] / "support" / "dcp_train.py"
 TAGS = ["checkpoint-1", "checkpoint-2"]

@@ -19,8 +19,8 @@ from tests.support.daemon import DaemonProcess, Event, write_config
 from tests.support.stores import store_section
 
 from traind import config
-from traind.checkpoints.manifest import Writer
-from traind.storage.factory import open_storage
+from traind.layout.manifest import Writer
+from traind.storage import open_storage
 
 TAGS = ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
 

@@ -14,10 +14,10 @@ from tests.support.requires import need_binary
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
 
 from traind.config import S3Storage
-from traind.storage.base import LocalFile
-from traind.storage.s3 import S3Backend
-from traind.storage.s3_direct import Direct
-from traind.storage.s3_http import Response
+from traind.storage import LocalFile
+from traind.storage.s3.backend import S3Backend
+from traind.storage.s3.direct import Direct
+from traind.storage.s3.http import Response
 
 MIB = 1024 * 1024
 

@@ -25,15 +25,15 @@ from tests.integration.s3.conftest import (
 from tests.support.net import free_ports
 from tests.support.seaweed import READONLY_ACCESS_KEY, READONLY_SECRET_KEY, SeaweedS3
 
-from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
-from traind.storage import s3
-from traind.storage.keys import MANIFEST_NAME
-from traind.storage.s3 import S3Backend
-from traind.storage.s3_client import Ops
-from traind.storage.s3_direct import Direct
-from traind.storage.s3_upload import Resume
+from traind.layout.keys import MANIFEST_NAME
+from traind.layout.manifest import FileEntry, Manifest
+from traind.storage.s3 import backend as s3
+from traind.storage.s3.backend import S3Backend
+from traind.storage.s3.client import Ops
+from traind.storage.s3.direct import Direct
+from traind.storage.s3.upload import Resume
 
 pytestmark = pytest.mark.timeout(60)
 Make = Callable[[S3Storage], S3Backend]

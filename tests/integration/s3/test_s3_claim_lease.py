@@ -23,7 +23,7 @@ from tests.support.writers import (
 
 from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError
-from traind.storage.s3 import S3Backend
+from traind.storage.s3.backend import S3Backend
 
 TAG = "checkpoint-1"
 PREFIX = f"ckpts/run1/{TAG}/"

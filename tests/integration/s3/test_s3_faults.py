@@ -23,7 +23,7 @@ from tests.support.seaweed import SeaweedS3
 
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.config import S3Storage
-from traind.storage.s3 import S3Backend
+from traind.storage.s3.backend import S3Backend
 
 pytestmark = pytest.mark.timeout(90)
 Make = Callable[[S3Storage], S3Backend]

@@ -16,14 +16,14 @@ from tests.integration.s3.conftest import MIB, RecordingSession, make_checkpoint
 from tests.integration.s3.test_s3_backend import manifest_of
 from tests.support.seaweed import SeaweedS3
 
-from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.config import S3Storage
 from traind.errors import IntegrityError, StorageError, TransientStorageError
-from traind.storage import s3_direct
-from traind.storage.s3 import S3Backend
-from traind.storage.s3_client import Ops
-from traind.storage.s3_direct import Direct, direct_client
-from traind.storage.s3_errors import RetryPolicy, Target
+from traind.layout.manifest import FileEntry, Manifest
+from traind.storage.s3 import direct as s3_direct
+from traind.storage.s3.backend import S3Backend
+from traind.storage.s3.client import Ops
+from traind.storage.s3.direct import Direct, direct_client
+from traind.storage.s3.errors import RetryPolicy, Target
 
 pytestmark = pytest.mark.timeout(60)
 Make = Callable[[S3Storage], S3Backend]
@@ -34,7 +34,7 @@ RANGES = 13 + 1  # 1 MiB ranges of the large file, and the small one
 @pytest.fixture(params=["direct", "fallback"])
 def opens(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Restore through the path of the parameter; the list collects the fast path's GETs."""
-    monkeypatch.setattr("traind.storage.s3.RANGE_SIZE", MIB)
+    monkeypatch.setattr("traind.storage.s3.backend.RANGE_SIZE", MIB)
     monkeypatch.delenv("TRAIND_S3_DIRECT", raising=False)
     if request.param == "fallback":
         monkeypatch.setenv("TRAIND_S3_DIRECT", "0")

@@ -12,11 +12,11 @@ from tests.integration.s3.conftest import s3_config
 from tests.support.seaweed import SeaweedS3
 from tests.support.writers import check_one_writer_each, close, race
 
-from traind.checkpoints.manifest import Manifest, Writer
 from traind.config import S3Storage
 from traind.errors import ConflictError, TransientStorageError
-from traind.storage import s3_claim
-from traind.storage.s3 import S3Backend
+from traind.layout.manifest import Manifest, Writer
+from traind.storage.s3 import claim as s3_claim
+from traind.storage.s3.backend import S3Backend
 
 
 async def test_probe_says_which_claim_the_store_gets(

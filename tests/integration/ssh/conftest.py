@@ -17,10 +17,10 @@ from tests.support.requires import need_binary, need_module
 from tests.support.sshd import HOST, SSHServer
 
 from traind.checkpoints.journal import Journal, JournalSession
-from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.config import SSHStorage
 from traind.errors import StorageError
-from traind.storage.base import LocalFile, Storage
+from traind.layout.manifest import FileEntry, Manifest
+from traind.storage import LocalFile, Storage
 
 StartSSHD = Callable[..., SSHServer]
 MakeBackend = Callable[..., Storage]
@@ -78,7 +78,7 @@ async def make_backend(remote: Path) -> AsyncIterator[MakeBackend]:
     """Build SSH backends for a server (config overrides as keywords; skipped when the
     transfer mode's tools are missing); closed at teardown."""
     need_module("asyncssh")
-    from traind.storage.ssh import SSHBackend
+    from traind.storage.ssh.backend import SSHBackend
 
     backends: list[SSHBackend] = []
 
@@ -101,8 +101,8 @@ def openssh_error(remote: Path) -> Callable[..., Awaitable[StorageError]]:
     connection fails with (no asyncssh connection before it), config as ``ssh_config``."""
     need_binary("ssh")
     need_module("asyncssh")
-    from traind.storage.ssh_link import SSHLink
-    from traind.storage.ssh_openssh import OpenSSHTransfer
+    from traind.storage.ssh.link import SSHLink
+    from traind.storage.ssh.openssh.transfer import OpenSSHTransfer
 
     async def probe(server: SSHServer, **overrides: Any) -> StorageError:
         config = ssh_config(server, remote, transfer="openssh", retries=0, **overrides)

@@ -12,10 +12,10 @@ import pytest
 from structlog.testing import capture_logs
 from tests.support.sshd import SSHServer
 
-from traind.checkpoints.manifest import Manifest, verify
 from traind.errors import IntegrityError
-from traind.storage.base import LocalFile
-from traind.storage.keys import MANIFEST_NAME
+from traind.layout.keys import MANIFEST_NAME
+from traind.layout.manifest import Manifest, verify
+from traind.storage import LocalFile
 
 Checkpoint = Callable[[str, dict[str, bytes]], tuple[Path, list[LocalFile]]]
 Store = Callable[..., Awaitable[Manifest]]

@@ -16,10 +16,10 @@ from tests.support.sshd import SSHServer
 
 from traind.checkpoints.check import check
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.restore import restore_newest
 from traind.errors import IntegrityError
-from traind.storage.base import LocalFile
+from traind.layout.manifest import Manifest
+from traind.storage import LocalFile
 
 Checkpoint = Callable[[str, dict[str, bytes]], tuple[Path, list[LocalFile]]]
 Store = Callable[..., Awaitable[Manifest]]

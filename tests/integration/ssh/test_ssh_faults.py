@@ -15,10 +15,10 @@ from tests.support.net import free_port
 from tests.support.sshd import SSHServer, keygen
 
 from traind.checkpoints.journal import Journal, JournalSession
-from traind.checkpoints.manifest import Manifest, verify
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.base import LocalFile
-from traind.storage.keys import MANIFEST_NAME
+from traind.layout.keys import MANIFEST_NAME
+from traind.layout.manifest import Manifest, verify
+from traind.storage import LocalFile
 
 Checkpoint = Callable[[str, dict[str, bytes]], tuple[Path, list[LocalFile]]]
 Store = Callable[..., Awaitable[Manifest]]

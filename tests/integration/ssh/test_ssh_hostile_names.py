@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from tests.support.sshd import SSHServer
 
-from traind.checkpoints.manifest import FileEntry, Manifest
 from traind.checkpoints.restore import restore
 from traind.errors import UnsafePathError
-from traind.storage.base import LocalFile
-from traind.storage.keys import MANIFEST_NAME
+from traind.layout.keys import MANIFEST_NAME
+from traind.layout.manifest import FileEntry, Manifest
+from traind.storage import LocalFile
 
 Checkpoint = Callable[[str, dict[str, bytes]], tuple[Path, list[LocalFile]]]
 Store = Callable[..., Awaitable[Manifest]]

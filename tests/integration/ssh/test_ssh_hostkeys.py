@@ -75,7 +75,7 @@ async def test_upload_refuses_changed_host_key_without_retrying(
                            backoff_max=2)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "a.bin").write_bytes(b"a")
-    from traind.storage.base import LocalFile
+    from traind.storage import LocalFile
 
     with capture_logs() as logs:
         async with asyncio.timeout(10):
@@ -106,7 +106,7 @@ def test_rsync_ssh_command_refuses_unknown_host_key(sshd: SSHServer, tmp_path: P
     """The ssh command rsync mode runs checks host keys strictly and never prompts."""
     need_binary("ssh")
     from traind.config import SSHStorage
-    from traind.storage.ssh_command import ssh_argv
+    from traind.storage.ssh.command import ssh_argv
 
     known_hosts = tmp_path / "empty_known_hosts"
     known_hosts.write_text("")

@@ -14,9 +14,9 @@ from tests.support.net import free_port
 from tests.support.sshd import SSHServer, descendants, keygen
 
 from traind.checkpoints.journal import Journal, JournalSession
-from traind.checkpoints.manifest import Manifest
 from traind.errors import TransientStorageError
-from traind.storage.base import LocalFile
+from traind.layout.manifest import Manifest
+from traind.storage import LocalFile
 
 Checkpoint = Callable[[str, dict[str, bytes]], tuple[Path, list[LocalFile]]]
 Store = Callable[..., Awaitable[Manifest]]
@@ -48,7 +48,7 @@ async def test_small_files_share_a_connection_large_ones_get_their_own(
 ) -> None:
     """Small files reuse one ssh (a new one costs more than they do), files of 64 MiB or more
     start their own up to ``concurrency``, later checkpoints reuse them, aclose stops all."""
-    from traind.storage.ssh_openssh import WORTH_A_CONNECTION
+    from traind.storage.ssh.openssh.transfer import WORTH_A_CONNECTION
 
     backend = make_backend(sshd, transfer="openssh", concurrency=4)
     small = {f"part-{i}.json": os.urandom(1000 + i) for i in range(6)}

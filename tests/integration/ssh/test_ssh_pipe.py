@@ -15,8 +15,8 @@ from tests.support.sshd import SFTP_SERVERS
 
 from traind.errors import StorageError, TransientStorageError
 from traind.storage import fileio
-from traind.storage.ssh_pipe import DEFAULT_REQUEST, SFTPPipe
-from traind.storage.ssh_wire import ProtocolError
+from traind.storage.ssh.openssh.pipe import DEFAULT_REQUEST, SFTPPipe
+from traind.storage.ssh.openssh.wire import ProtocolError
 
 MiB = 1024 * 1024
 

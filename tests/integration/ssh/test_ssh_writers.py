@@ -10,9 +10,9 @@ from tests.integration.ssh.conftest import MakeBackend
 from tests.support.sshd import SSHServer
 from tests.support.writers import check_one_writer_each, close, race
 
-from traind.checkpoints.manifest import Manifest, Writer
 from traind.errors import ConflictError
-from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME
+from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
+from traind.layout.manifest import Manifest, Writer
 
 
 @pytest.mark.parametrize("transfer", ["sftp", "rsync"])

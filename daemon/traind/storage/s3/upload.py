@@ -24,10 +24,10 @@ import structlog
 from traind.errors import StorageError
 from traind.storage.base import UploadSession
 from traind.storage.fileio import SharedFd, hash_file
-from traind.storage.s3_client import Ops
-from traind.storage.s3_direct import Direct
-from traind.storage.s3_errors import error_code, retrying
-from traind.storage.s3_io import BufferPool, TokenBucket, new_digest, read_part
+from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest, read_part
+from traind.storage.s3.client import Ops
+from traind.storage.s3.direct import Direct
+from traind.storage.s3.errors import error_code, retrying
 from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.s3")

@@ -2,8 +2,8 @@
 
 Objects live at ``<prefix>/<run>/<tag>/<path>``, the manifest at
 ``<prefix>/<run>/<tag>/traind-manifest.json``, written last by ``commit``. Large files go
-up as resumable multipart uploads (``s3_upload``), restores use concurrent ranged GETs
-(``s3_download``); errors are retried or translated in ``s3_errors``.
+up as resumable multipart uploads (``upload``), restores use concurrent ranged GETs
+(``download``); errors are retried or translated in ``errors``.
 
 At start-up the daemon calls ``cleanup`` with the journal's resume states: multipart
 uploads under this run's prefix that none of them can continue are aborted rather than
@@ -21,19 +21,19 @@ from typing import Any
 
 import structlog
 
-from traind.checkpoints.manifest import Manifest, Writer, listed
 from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError, IntegrityError, StorageError
-from traind.storage import s3_claim
+from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
+from traind.layout.manifest import Manifest, Writer, listed
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import Lease, check_committed
-from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
-from traind.storage.s3_client import Ops, open_client, target_of
-from traind.storage.s3_direct import direct_client
-from traind.storage.s3_download import RANGE_SIZE, fetch_file
-from traind.storage.s3_errors import RetryPolicy, error_code
-from traind.storage.s3_io import BufferPool, TokenBucket
-from traind.storage.s3_upload import Uploader, upload_id_of
+from traind.storage.s3 import claim as s3_claim
+from traind.storage.s3.buffers import BufferPool, TokenBucket
+from traind.storage.s3.client import Ops, open_client, target_of
+from traind.storage.s3.direct import direct_client
+from traind.storage.s3.download import RANGE_SIZE, fetch_file
+from traind.storage.s3.errors import RetryPolicy, error_code
+from traind.storage.s3.upload import Uploader, upload_id_of
 from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.s3")

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from traind.errors import StorageError, TransientStorageError
-from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
 from traind.storage.fileio import StagedWriter, create, hash_file
 from traind.storage.local import PART_SUFFIX
+from traind.storage.ssh.openssh import wire
 
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash

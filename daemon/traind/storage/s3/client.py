@@ -19,8 +19,8 @@ from botocore import exceptions as bce
 
 from traind.config import S3Storage
 from traind.errors import StorageError
-from traind.storage.s3_errors import RetryPolicy, Target, describe, retrying
-from traind.storage.s3_io import PartBody
+from traind.storage.s3.buffers import PartBody
+from traind.storage.s3.errors import RetryPolicy, Target, describe, retrying
 
 _MIN_SEND_RATE = 256 * 1024
 """Bytes/s below which one request attempt is abandoned as hung (and retried)."""

@@ -1,8 +1,8 @@
 """The ``transfer = "openssh"`` mode: file data through the system ``ssh``, SFTP spoken here.
 
-Each connection is ``ssh ... -s <host> sftp`` (``ssh_command``: the SFTP mode's host-key
+Each connection is ``ssh ... -s <host> sftp`` (``ssh/command``: the SFTP mode's host-key
 policy; a subsystem, so no remote command is built from a path) with a worker thread of its
-own driving the pipes (``ssh_pipe``): OpenSSH's C client does the encryption, where asyncssh
+own driving the pipes (``pipe``): OpenSSH's C client does the encryption, where asyncssh
 pays Python per 32 KiB packet. Connections are reused from file to file, up to
 ``concurrency``; each ssh runs in its own process group and is always reaped. A dropped
 connection is a TransientStorageError, retried with backoff like the SFTP mode's.
@@ -39,12 +39,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import structlog
 
 from traind.errors import StorageError, TransientStorageError
-from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
-from traind.storage.ssh_command import sftp_argv, ssh_failure
-from traind.storage.ssh_link import SSHLink, retrying
-from traind.storage.ssh_pipe import ConnectionLost, SFTPPipe
-from traind.storage.ssh_sftp import counted
+from traind.storage.ssh.command import sftp_argv, ssh_failure
+from traind.storage.ssh.link import SSHLink, retrying
+from traind.storage.ssh.openssh import wire
+from traind.storage.ssh.openssh.pipe import ConnectionLost, SFTPPipe
+from traind.storage.ssh.sftp import counted
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Restoring one file: concurrent ranged GETs, each received whole into a buffer, written
 at its offset and hashed in order from memory.
 
-A range's body lands straight in a pooled, page-aligned buffer (``s3_http``'s sink), which
+A range's body lands straight in a pooled, page-aligned buffer (``http``'s sink), which
 one worker-thread call writes with direct I/O (``fileio.direct_io``) and, once every earlier
 range of the file has been hashed, hashes. So each byte is copied once, from the socket, and
 hashed from memory; it is never read back from the file, and never copied into new
@@ -29,10 +29,10 @@ from typing import Any
 
 from traind.errors import IntegrityError, StorageError
 from traind.storage.fileio import SharedFd, create, trim, write_at
-from traind.storage.s3_client import Ops
-from traind.storage.s3_direct import Direct
-from traind.storage.s3_errors import retrying
-from traind.storage.s3_io import BufferPool, TokenBucket, new_digest
+from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest
+from traind.storage.s3.client import Ops
+from traind.storage.s3.direct import Direct
+from traind.storage.s3.errors import retrying
 from traind.storage.tasks import task_group
 
 RANGE_SIZE = 12 * 1024 * 1024
@@ -128,7 +128,7 @@ async def fetch_file(
     """Download ``key`` (``size`` bytes per the manifest) to ``target``; return its sha256.
 
     Ranges of ``range_size`` bytes (an ``ALIGN`` multiple, at most the ``pool``'s buffers)
-    are received by ``direct`` when given (``s3_direct``), else through aiobotocore; one GET
+    are received by ``direct`` when given (``direct``), else through aiobotocore; one GET
     per buffer taken from ``pool`` at a time.
     """
     try:

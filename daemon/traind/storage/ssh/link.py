@@ -25,7 +25,7 @@ import structlog
 from traind.backoff import doubling
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.ssh_errors import Target, auth_error, host_key_error, translate
+from traind.storage.ssh.errors import Target, auth_error, host_key_error, translate
 
 T = TypeVar("T")
 log = structlog.get_logger("traind.ssh")

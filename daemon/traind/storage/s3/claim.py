@@ -20,12 +20,12 @@ from typing import Any
 
 import structlog
 
-from traind.checkpoints.manifest import Writer
 from traind.errors import StorageError, TransientStorageError
+from traind.layout.keys import CLAIM_NAME
+from traind.layout.manifest import Writer
 from traind.storage.claim import Lease, check_held, check_lease, is_claim_file
-from traind.storage.keys import CLAIM_NAME
-from traind.storage.s3_client import Ops
-from traind.storage.s3_errors import error_code
+from traind.storage.s3.client import Ops
+from traind.storage.s3.errors import error_code
 
 log = structlog.get_logger("traind.s3")
 CLAIMS_DIR = "traind-claims/"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from traind.config import SSHStorage
 from traind.errors import StorageError
-from traind.storage.ssh_errors import auth_error, dns_error, host_key_error, refused_error
-from traind.storage.ssh_link import CIPHERS, SSHLink
+from traind.storage.ssh.errors import auth_error, dns_error, host_key_error, refused_error
+from traind.storage.ssh.link import CIPHERS, SSHLink
 
 
 def ssh_argv(config: SSHStorage, known_hosts: Path) -> list[str]:

@@ -4,9 +4,9 @@ Layout and contract are the local backend's: ``<remote_path>/<run>/<tag>/<path>`
 written as ``<name>.traind-part`` and renamed once whole and fsynced, the manifest
 ``traind-manifest.json`` written last by ``commit``. Every remote operation is an SFTP call
 (no shell), and tags and paths are validated again here before they become remote paths.
-The connection lives in ``ssh_link`` (host keys, reconnects); file data moves by
-``transfer``: over asyncssh (``ssh_sftp``), over the system ssh client speaking SFTP
-(``ssh_openssh``), or with rsync (``ssh_rsync``). Metadata always goes over asyncssh,
+The connection lives in ``link`` (host keys, reconnects); file data moves by
+``transfer``: over asyncssh (``sftp``), over the system ssh client speaking SFTP
+(``openssh/``), or with rsync (``rsync``). Metadata always goes over asyncssh,
 the claim (``traind-writer.json``) and the manifest as exclusive creates.
 """
 
@@ -22,23 +22,23 @@ from pathlib import Path
 import asyncssh
 import structlog
 
-from traind.checkpoints.manifest import FileEntry, Manifest, Writer, listed
 from traind.config import SSHStorage
 from traind.errors import IntegrityError, StorageError, TransientStorageError
-from traind.storage import ssh_rsync
-from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import Lease, check_committed, check_held, check_lease, is_claim_file
-from traind.storage.keys import (
+from traind.layout.keys import (
     CLAIM_NAME,
     MANIFEST_NAME,
     check_component,
     check_relpath,
     check_tag,
 )
-from traind.storage.ssh_errors import translate
-from traind.storage.ssh_link import SSHLink
-from traind.storage.ssh_openssh import OpenSSHTransfer
-from traind.storage.ssh_sftp import (
+from traind.layout.manifest import FileEntry, Manifest, Writer, listed
+from traind.storage.base import Advance, LocalFile, UploadSession
+from traind.storage.claim import Lease, check_committed, check_held, check_lease, is_claim_file
+from traind.storage.ssh import rsync as ssh_rsync
+from traind.storage.ssh.errors import translate
+from traind.storage.ssh.link import SSHLink
+from traind.storage.ssh.openssh.transfer import OpenSSHTransfer
+from traind.storage.ssh.sftp import (
     create_new,
     get_file,
     makedirs,

@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 
 from traind.errors import IntegrityError
-from traind.storage.keys import check_relpath, check_tag
+from traind.layout.keys import check_relpath, check_tag
 
 FORMAT_VERSION = 1
 log = structlog.get_logger("traind.manifest")

@@ -1,6 +1,6 @@
 """The optional ``transfer = "rsync"`` mode: the system ``rsync`` over ``ssh``.
 
-Same host-key policy as the SFTP mode (``ssh_command``). No shell string is built from a
+Same host-key policy as the SFTP mode (``command``). No shell string is built from a
 path: file names go to rsync NUL-separated on stdin (``--files-from=- --from0``) and
 ``--secluded-args`` hands the remote rsync its arguments through the protocol. rsync writes
 each file in a scratch directory (``--temp-dir``, removed afterwards), fsyncs it (``--fsync``)
@@ -28,9 +28,9 @@ from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError, UnsafePathError
 from traind.storage.base import LocalFile, UploadSession
 from traind.storage.fileio import hash_file
-from traind.storage.ssh_command import ssh_argv, ssh_failure
-from traind.storage.ssh_link import SSHLink, retrying
-from traind.storage.ssh_sftp import counted, makedirs
+from traind.storage.ssh.command import ssh_argv, ssh_failure
+from traind.storage.ssh.link import SSHLink, retrying
+from traind.storage.ssh.sftp import counted, makedirs
 
 MIN_VERSION = (3, 2, 4)
 """The first rsync with ``--fsync`` (and ``--secluded-args``); needed at both ends."""

@@ -14,7 +14,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from traind.checkpoints.manifest import (
+from traind.errors import IntegrityError
+from traind.layout.keys import check_tag
+from traind.layout.manifest import (
     FORMAT_VERSION,
     FileEntry,
     Manifest,
@@ -23,8 +25,6 @@ from traind.checkpoints.manifest import (
     parse_files,
     to_json,
 )
-from traind.errors import IntegrityError
-from traind.storage.keys import check_tag
 
 PART_PREFIX = "traind-part-"
 PART_CLAIM_PREFIX = "traind-writer-"

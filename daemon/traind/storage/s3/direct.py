@@ -30,8 +30,8 @@ from botocore import exceptions as bce
 from botocore.awsrequest import AWSRequest
 from botocore.httpsession import get_cert_path
 
-from traind.storage.s3_client import Ops
-from traind.storage.s3_http import Connection, Response, client_error
+from traind.storage.s3.client import Ops
+from traind.storage.s3.http import Connection, Response, client_error
 
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 _OFF = {"0", "false", "no", "off"}

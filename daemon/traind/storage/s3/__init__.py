@@ -1,0 +1,1 @@
+"""The S3 backend (aiobotocore): client, errors and retries, multipart upload, ranged download."""
