@@ -35,6 +35,7 @@ from traind.status.server import StatusServer
 from traind.storage.base import Storage
 from traind.storage.factory import open_storage
 from traind.supervisor.leftovers import stop_leftovers
+from traind.supervisor.process import uninterrupted
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
 from traind.units import parse_floor
@@ -306,7 +307,7 @@ class Daemon:
             tg.create_task(self._space_loop(), name="space"),
         ]
         if self.supervisor is not None:
-            background.append(tg.create_task(self._supervise(stop), name="supervisor"))
+            background.append(tg.create_task(self._supervise(watcher, stop), name="supervisor"))
         stop_watching = asyncio.Event()
         running = _Running(
             background,
@@ -360,7 +361,7 @@ class Daemon:
         else:
             log.info("daemon_stopped", unstored=[])
 
-    async def _supervise(self, stop: asyncio.Event) -> None:
+    async def _supervise(self, watcher: Watcher, stop: asyncio.Event) -> None:
         """Run the children; when training finished, commit what is left, then stop."""
         assert self.supervisor is not None
         outcome = await self.supervisor.run()
@@ -371,10 +372,9 @@ class Daemon:
                 hint="checkpoint streaming continues; see the child_* events",
             )
             return
-        # The last checkpoint may still be settling: let the watcher see it, then drain.
-        await asyncio.sleep(
-            self.settings.checkpoints.settle + 2 * self.settings.checkpoints.poll_interval
-        )
+        # The trainer is gone: every marked checkpoint it left is complete now, settled or
+        # not. The scan is not cut short by a stop (no snapshot is left half taken).
+        await uninterrupted(watcher.final_scan(writer_gone=True))
         if self.streamer.pending:
             log.info("run_waiting_for_uploads", checkpoints=self.streamer.pending,
                      hint="the daemon exits once every checkpoint is committed")
