@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -19,7 +20,8 @@ from traind import config
 from traind.backoff import doubling
 from traind.checkpoints import pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.space import SpaceGuard, open_journal
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.space import Pinned, SpaceGuard, open_journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import Settings, StatusConfig
@@ -32,6 +34,7 @@ from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
 from traind.storage import Storage, open_storage
 from traind.supervisor.leftovers import stop_leftovers
+from traind.supervisor.process import uninterrupted
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
 from traind.units import parse_floor
@@ -52,12 +55,16 @@ _WAITING_HINT = ("waiting for the store before the trainer starts: output_dir ho
 
 
 class Daemon:
-    """Supervises the run's processes and streams every complete checkpoint to storage."""
+    """Supervises the run's processes and streams every complete checkpoint to storage.
+
+    Built by ``open``, which does the I/O (the state_dir lock, the journal) before anything
+    else; ``run`` is start-up, main loop and ordered shutdown, in that order."""
 
     def __init__(
         self,
         settings: Settings,
-        storage: Storage | None = None,
+        storage: Storage,
+        state: StateDir,
         config_path: Path | None = None,
         recent: RecentErrors | None = None,
         *,
@@ -67,16 +74,13 @@ class Daemon:
         self._restore = restore and settings.run.restore
         """Whether a fresh output_dir is restored at start (``traind run --no-restore``)."""
         self.config_path = config_path
-        self.storage = storage or open_storage(settings.storage, settings.run.name)
-        state_dir = settings.run.state_dir
-        state_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock_state_dir(state_dir)
-        self.journal, self._dropped_at_open = open_journal(
-            state_dir, RunIdentity.of(settings, self.storage)
-        )
+        self.storage = storage
+        self._state = state
+        self.journal = state.journal
         self.node = config.node_rank(settings)
         self.streamer = Streamer(
-            settings.run.name, state_dir, self.storage, self.journal, self._committed,
+            settings.run.name, settings.run.state_dir, self.storage, self.journal,
+            self._committed,
             claim_ttl=settings.storage.claim_ttl,
             node=self.node,
         )
@@ -103,8 +107,28 @@ class Daemon:
         self._unreconciled: list[str] = []
         self._done: set[str] = set()
 
+    @classmethod
+    async def open(
+        cls,
+        settings: Settings,
+        storage: Storage | None = None,
+        config_path: Path | None = None,
+        recent: RecentErrors | None = None,
+        *,
+        restore: bool = True,
+    ) -> Daemon:
+        """Take run.state_dir and open the run's journal (``StateDir.open``), then build the
+        daemon; a second daemon on the same state_dir is refused here, before it does
+        anything. The daemon lets them go when its ``run`` ends."""
+        storage = storage or open_storage(settings.storage, settings.run.name)
+        state = await asyncio.to_thread(
+            StateDir.open, settings.run.state_dir, RunIdentity.of(settings, storage)
+        )
+        return cls(settings, storage, state, config_path, recent, restore=restore)
+
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
-        """Run until ``stop`` is set, re-reading the config whenever ``reload`` is set.
+        """Run until ``stop`` is set, re-reading the config whenever ``reload`` is set: start
+        up, run the main loop, shut down in order; then let go of what the daemon holds.
 
         systemd hears READY=1 as soon as the loop is up — a restore or a loading vLLM can take
         many minutes and must not hit the start timeout — and watchdog pings from then on.
@@ -114,35 +138,32 @@ class Daemon:
         try:
             async with asyncio.TaskGroup() as tg:
                 watchdog = tg.create_task(notifier.watchdog_loop(), name="watchdog")
-                await self._serve_status(self.settings.status)
-                self.observer.announce()
-                starting = tg.create_task(self.startup(), name="startup")
-                stopping = tg.create_task(stop.wait(), name="stop-during-startup")
-                await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
-                stopping.cancel()
-                if stop.is_set():
-                    starting.cancel()
-                    log.info("daemon_stopping", during="startup")
-                else:
-                    self.watcher = starting.result()
-                    self.observer.set_state("running")
-                    await self.main_loop(self.watcher, stop, reload or asyncio.Event())
+                watcher = await self.startup(tg, stop)
+                if watcher is not None:
+                    tasks = await self.main_loop(tg, watcher, stop, reload or asyncio.Event())
+                    await self.shutdown(watcher, tasks)
                 watchdog.cancel()
         finally:
-            notifier.stopping()
-            await self._serve_status(None)
-            await self.storage.aclose()
-            self.journal.close()
-            if self._lock is not None:
-                os.close(self._lock)
-            if self.unstored:
-                log.error("daemon_stopped", unstored=self.unstored,
-                          hint="not in the store: kept in state_dir and output_dir, and "
-                               "committed by the next traind run on this host")
-            else:
-                log.info("daemon_stopped", unstored=[])
+            await self.close()
 
-    async def startup(self) -> Watcher:
+    async def startup(self, tg: asyncio.TaskGroup, stop: asyncio.Event) -> Watcher | None:
+        """Serve status, then prepare the run (``_prepare``) unless ``stop`` comes first.
+        Returns the watcher, or None when stopped during start-up."""
+        await self._serve_status(self.settings.status)
+        self.observer.announce()
+        starting = tg.create_task(self._prepare(), name="startup")
+        stopping = tg.create_task(stop.wait(), name="stop-during-startup")
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if stop.is_set():
+            starting.cancel()
+            log.info("daemon_stopping", during="startup")
+            return None
+        self.watcher = starting.result()
+        self.observer.set_state("running")
+        return self.watcher
+
+    async def _prepare(self) -> Watcher:
         """Stop what a killed predecessor left running, restore if this is a fresh host,
         recover unfinished work, build the watcher."""
         s = self.settings
@@ -168,7 +189,7 @@ class Daemon:
                 nodes=node.nodes, what=f'storage.type = "{s.storage.type}"',
                 why="its parts and union commit are not built yet"))
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
-        for pinned in self._dropped_at_open:  # let go to open the journal at all
+        for pinned in self._state.dropped:  # let go to open the journal at all
             await self.journal.set_state(pinned.tag, "dropped")
             self.observer.dropped(pinned)
         await self._check_space()  # a disk that filled before a restart: room first
@@ -272,49 +293,74 @@ class Daemon:
             await recovery.reconcile(self.streamer, self.journal, manifests, self._unreconciled)
         await self.streamer.run()
 
-    async def main_loop(self, watcher: Watcher, stop: asyncio.Event, reload: asyncio.Event) -> None:
-        """Supervise, watch, stream and prune until ``stop``; then shut down in order: the
-        children (trainer first), then, within ``stop_timeout``, a last scan that hands on
-        every checkpoint the stopped trainer left complete, committed newest first. What is
-        not committed by then is in ``unstored`` (and in the journal for next time)."""
+    async def main_loop(
+        self, tg: asyncio.TaskGroup, watcher: Watcher, stop: asyncio.Event,
+        reload: asyncio.Event,
+    ) -> _Running:
+        """Supervise, watch, stream and prune, each a task of ``tg``, until ``stop``; returns
+        the tasks for ``shutdown`` to stop in order."""
         log.info("daemon_ready")
-        async with asyncio.TaskGroup() as tg:
-            background = [
-                tg.create_task(self._retention_loop(), name="retention"),
-                tg.create_task(self._reload_loop(reload), name="reload"),
-                tg.create_task(self._space_loop(), name="space"),
-            ]
-            if self.supervisor is not None:
-                background.append(tg.create_task(self._supervise(stop), name="supervisor"))
-            stop_watching = asyncio.Event()
-            watching = tg.create_task(watcher.run(stop_watching), name="watcher")
-            streaming = tg.create_task(self._stream(), name="streamer")
-            await stop.wait()
-            log.info("daemon_stopping")
-            self.observer.notifier.stopping()
-            self.observer.set_state("stopping")
-            if self.supervisor is not None:
-                await self.supervisor.stop()
-            for task in background:
-                task.cancel()
-            stop_watching.set()
-            writer_gone = self.supervisor is not None and self.supervisor.trainer is not None
-            self.streamer.prefer_newest()
-            left: list[str] = []
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.run.stop_timeout):
-                    await watching
-                    left = await watcher.final_scan(writer_gone)
-                    await self.streamer.wait_idle()
-            streaming.cancel()
-            self.unstored = [*self.streamer.unstored, *left]
-            if self.unstored:  # the next host takes them over without waiting claim_ttl
-                await asyncio.wait([streaming])  # its upload (and renewals) stopped first
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(RELEASE_TIMEOUT):
-                        await self.streamer.release(self.unstored)
+        background = [
+            tg.create_task(self._retention_loop(), name="retention"),
+            tg.create_task(self._reload_loop(reload), name="reload"),
+            tg.create_task(self._space_loop(), name="space"),
+        ]
+        if self.supervisor is not None:
+            background.append(tg.create_task(self._supervise(watcher, stop), name="supervisor"))
+        stop_watching = asyncio.Event()
+        running = _Running(
+            background,
+            tg.create_task(watcher.run(stop_watching), name="watcher"),
+            stop_watching,
+            tg.create_task(self._stream(), name="streamer"),
+        )
+        await stop.wait()
+        return running
 
-    async def _supervise(self, stop: asyncio.Event) -> None:
+    async def shutdown(self, watcher: Watcher, running: _Running) -> None:
+        """Stop in order: the children (trainer first), then, within ``stop_timeout``, a
+        last scan that hands on every checkpoint the stopped trainer left complete,
+        committed newest first. What is not committed by then is in ``unstored`` (and in the
+        journal for next time); its claims are released once the streamer stopped."""
+        log.info("daemon_stopping")
+        self.observer.notifier.stopping()
+        self.observer.set_state("stopping")
+        if self.supervisor is not None:
+            await self.supervisor.stop()
+        for task in running.background:
+            task.cancel()
+        running.stop_watching.set()
+        writer_gone = self.supervisor is not None and self.supervisor.trainer is not None
+        self.streamer.prefer_newest()
+        left: list[str] = []
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.run.stop_timeout):
+                await running.watching
+                left = await watcher.final_scan(writer_gone)
+                await self.streamer.wait_idle()
+        running.streaming.cancel()
+        self.unstored = [*self.streamer.unstored, *left]
+        if self.unstored:  # the next host takes them over without waiting claim_ttl
+            await asyncio.wait([running.streaming])  # its upload (and renewals) stopped first
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELEASE_TIMEOUT):
+                    await self.streamer.release(self.unstored)
+
+    async def close(self) -> None:
+        """Let go of what the daemon holds (status server, store, journal, state_dir lock)
+        however ``run`` ended, and say what is not in the store."""
+        self.observer.notifier.stopping()
+        await self._serve_status(None)
+        await self.storage.aclose()
+        self._state.close()
+        if self.unstored:
+            log.error("daemon_stopped", unstored=self.unstored,
+                      hint="not in the store: kept in state_dir and output_dir, and "
+                           "committed by the next traind run on this host")
+        else:
+            log.info("daemon_stopped", unstored=[])
+
+    async def _supervise(self, watcher: Watcher, stop: asyncio.Event) -> None:
         """Run the children; when training finished, commit what is left, then stop."""
         assert self.supervisor is not None
         outcome = await self.supervisor.run()
@@ -325,10 +371,9 @@ class Daemon:
                 hint="checkpoint streaming continues; see the child_* events",
             )
             return
-        # The last checkpoint may still be settling: let the watcher see it, then drain.
-        await asyncio.sleep(
-            self.settings.checkpoints.settle + 2 * self.settings.checkpoints.poll_interval
-        )
+        # The trainer is gone: every marked checkpoint it left is complete now, settled or
+        # not. The scan is not cut short by a stop (no snapshot is left half taken).
+        await uninterrupted(watcher.final_scan(writer_gone=True))
         if self.streamer.pending:
             log.info("run_waiting_for_uploads", checkpoints=self.streamer.pending,
                      hint="the daemon exits once every checkpoint is committed")
@@ -483,6 +528,47 @@ class Daemon:
             except OSError as exc:
                 log.warning("status_address_unpublished", state_dir=str(state_dir),
                             error=str(exc))
+
+
+@dataclass(frozen=True)
+class StateDir:
+    """What a daemon holds of run.state_dir while it runs: the lock that keeps a second
+    daemon off it, the run's journal, and the snapshots let go to open that journal at all
+    (a full disk; the daemon journals them as dropped)."""
+
+    lock: int | None
+    journal: Journal
+    dropped: list[Pinned]
+
+    @classmethod
+    def open(cls, state_dir: Path, run: RunIdentity) -> StateDir:
+        """Make ``state_dir``, lock it (TraindError when another daemon holds it) and open
+        ``run``'s journal in it. Blocking."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        lock = _lock_state_dir(state_dir)
+        try:
+            journal, dropped = open_journal(state_dir, run)
+        except BaseException:
+            if lock is not None:
+                os.close(lock)
+            raise
+        return cls(lock, journal, dropped)
+
+    def close(self) -> None:
+        """Close the journal, then let go of the lock."""
+        self.journal.close()
+        if self.lock is not None:
+            os.close(self.lock)
+
+
+@dataclass(frozen=True)
+class _Running:
+    """The main loop's tasks, in the order ``shutdown`` stops them."""
+
+    background: list[asyncio.Task[None]]
+    watching: asyncio.Task[None]
+    stop_watching: asyncio.Event
+    streaming: asyncio.Task[None]
 
 
 def _lock_state_dir(state_dir: Path) -> int | None:

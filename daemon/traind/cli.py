@@ -273,7 +273,8 @@ async def _run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)
-    daemon = Daemon(settings, config_path=path, recent=recent, restore=not args.no_restore)
+    daemon = await Daemon.open(settings, config_path=path, recent=recent,
+                               restore=not args.no_restore)
     await daemon.run(stop, reload)
     return EXIT_UNSTORED if daemon.unstored else 0
 

@@ -109,6 +109,8 @@ class Watcher:
         self._tracked: dict[str, Tracked] = {t: Tracked(frozenset(), start) for t in tracked}
         self._skipped: set[str] = set()
         """Names matching the pattern that are no checkpoint tag, each warned about once."""
+        self._scanning = asyncio.Lock()
+        """One pass at a time: a final scan never interleaves with the running watcher's."""
 
     @property
     def tracking(self) -> int:
@@ -127,9 +129,14 @@ class Watcher:
             await self.scan()
 
     async def final_scan(self, writer_gone: bool) -> list[str]:
-        """The last pass before shutdown, newest first: hand on every checkpoint that
-        ``decide_at_stop`` calls complete. Returns the marked ones it could not hand on; a
-        directory without a marker (a save cut short) is only warned about."""
+        """A pass that waits for no settling, newest first: at shutdown, or once the
+        trainer finished. Hands on every checkpoint that ``decide_at_stop`` calls complete
+        and returns the marked ones it could not hand on; a directory without a marker (a
+        save cut short) is only warned about."""
+        async with self._scanning:
+            return await self._final_scan(writer_gone)
+
+    async def _final_scan(self, writer_gone: bool) -> list[str]:
         found = await asyncio.to_thread(candidates, self._dir, self._config.pattern)
         for tag in self._tracked:
             found.setdefault(tag, parse_step(tag) or 0)
@@ -157,6 +164,10 @@ class Watcher:
 
     async def scan(self) -> None:
         """One pass over the output directory."""
+        async with self._scanning:
+            await self._scan()
+
+    async def _scan(self) -> None:
         found, odd = await asyncio.to_thread(listing, self._dir, self._config.pattern)
         for name in odd.keys() - self._skipped:
             self._skipped.add(name)

@@ -50,7 +50,7 @@ OnLine = Callable[[str, str], None]
 
 class ManagedProcess:
     """One supervised child: spawns its argv (never a shell) in a new session, drains and
-    logs its output, tracks its process tree and stops all of it.
+    logs its output, tracks its process tree (``track``) and stops all of it.
 
     ``owner`` (see ``env.owner_of``) marks the child as its daemon's, so that a daemon
     restarted after being killed can find and stop it (``supervisor.leftovers``).
@@ -90,7 +90,6 @@ class ManagedProcess:
         self._transport: asyncio.SubprocessTransport | None = None
         self._exited = asyncio.Event()
         self._tree: ProcessTree | None = None
-        self._tracker: asyncio.Task[None] | None = None
         self._file: ChildLog | None = None
         self._stopping = asyncio.Lock()
 
@@ -158,7 +157,6 @@ class ManagedProcess:
         self._transport = transport
         self.pid = transport.get_pid()
         self._tree = ProcessTree(self.pid, tag)
-        self._tracker = asyncio.create_task(self._track(self._tree))
         self._log.info("child_started", pid=self.pid, argv=list(argv), **(facts or {}))
         return self.pid
 
@@ -204,7 +202,12 @@ class ManagedProcess:
         if self.state is not State.STOPPING:
             self.set_state(State.EXITED)
 
-    async def _track(self, tree: ProcessTree) -> None:
+    async def track(self) -> str:
+        """Scan the spawned tree every ``TRACK_INTERVAL`` until cancelled, so that
+        descendants are remembered when reparented and adopted ones are reaped. Run by the
+        caller beside the child (the supervisor's runner), after ``start``."""
+        assert self._tree is not None
+        tree = self._tree
         while True:
             await asyncio.sleep(TRACK_INTERVAL)
             await asyncio.to_thread(tree.scan)
@@ -249,9 +252,6 @@ class ManagedProcess:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.05):
                     await self._exited.wait()
-        if self._tracker is not None:
-            self._tracker.cancel()
-            self._tracker = None
         transport.close()
         if self._file is not None:
             await asyncio.to_thread(self._file.close)

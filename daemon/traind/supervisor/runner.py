@@ -208,7 +208,7 @@ class ChildRunner:
         self.starts += 1
         try:
             reason = await _first(self._exited(), self._liveness(), self.monitor(),
-                                  self._restart_wanted())
+                                  self._restart_wanted(), self.process.track())
         finally:
             await self.process.stop()
         if reason != "exited":

@@ -61,7 +61,9 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._stopped = asyncio.Event()
         self._changed = asyncio.Event()
-        self._tasks: dict[str, asyncio.Task[str]] = {}
+        self._group: asyncio.TaskGroup | None = None
+        """Owns every child's runner task while ``run`` runs."""
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._vllm_up = False
         self._running = False
 
@@ -86,11 +88,13 @@ class Supervisor:
         cancellation it stops them in order too, then re-raises."""
         self._running = True
         log.info("supervisor_starting", children=[r.name for r in self.runners])
-        try:
-            await self._start_in_order()
-            await self._until(lambda: False)
-        finally:
-            await uninterrupted(self._stop_all())
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            try:
+                await self._start_in_order()
+                await self._until(lambda: False)
+            finally:
+                await uninterrupted(self._stop_all())
         assert self.outcome is not None
         return self.outcome
 
@@ -115,7 +119,18 @@ class Supervisor:
             self._spawn(self.trainer)
 
     def _spawn(self, runner: ChildRunner) -> None:
-        self._tasks[runner.name] = asyncio.create_task(runner.run(), name=f"child-{runner.name}")
+        assert self._group is not None
+        self._tasks[runner.name] = self._group.create_task(
+            self._supervised(runner), name=f"child-{runner.name}"
+        )
+
+    async def _supervised(self, runner: ChildRunner) -> None:
+        """Run one child. A crash of its runner is logged and ends it (``run`` then stops the
+        others in order) instead of making the task group cancel them all at once."""
+        try:
+            await runner.run()
+        except Exception as exc:
+            log.error("child_runner_crashed", child=runner.name, error=repr(exc))
 
     def _over(self) -> bool:
         return self._stop.is_set() or any(r.ended for r in self.runners)
@@ -135,9 +150,7 @@ class Supervisor:
             if task is None:
                 continue
             task.cancel()
-            (result,) = await asyncio.gather(task, return_exceptions=True)
-            if isinstance(result, Exception):
-                log.error("child_runner_crashed", child=runner.name, error=repr(result))
+            await asyncio.wait([task])
         self.outcome = self._decide_outcome()
         log.info("supervisor_stopped", outcome=self.outcome)
         self._stopped.set()

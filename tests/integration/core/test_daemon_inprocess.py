@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
+import pytest
 from tests.support.checkpoints import write_checkpoint
 
 from traind.app import Daemon
 from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.config import validate
-from traind.errors import TransientStorageError
+from traind.errors import TraindError, TransientStorageError
 from traind.layout.manifest import Manifest
 from traind.storage.memory import MemoryBackend
 
@@ -54,7 +56,7 @@ async def test_unreachable_store_at_startup_is_waited_for(tmp_path: Path) -> Non
         }
     )
     store = FlakyStore(failures=2)
-    daemon = Daemon(settings, storage=store)
+    daemon = await Daemon.open(settings, storage=store)
     stop = asyncio.Event()
     task = await running(daemon, stop)
     assert store.listings >= 3
@@ -78,7 +80,7 @@ async def test_without_a_trainer_only_the_explicit_marker_completes_at_stop(
         }
     )
     store = MemoryBackend()
-    daemon = Daemon(settings, storage=store)
+    daemon = await Daemon.open(settings, storage=store)
     stop = asyncio.Event()
     task = await running(daemon, stop)
     write_checkpoint(out, 1)
@@ -89,3 +91,26 @@ async def test_without_a_trainer_only_the_explicit_marker_completes_at_stop(
         await task
     assert sorted(store.manifest_by_tag) == ["checkpoint-1"]
     assert daemon.unstored == ["checkpoint-2"]
+
+
+async def test_open_refuses_a_second_daemon_until_the_first_one_ran(tmp_path: Path) -> None:
+    """``Daemon.open`` refuses a second daemon on a state_dir another one holds, before it
+    does anything; once the first one's run ended, the state_dir is free again."""
+    settings = validate(
+        {
+            "run": {"name": "r", "output_dir": str(tmp_path / "out"),
+                    "state_dir": str(tmp_path / "state")},
+            "storage": {"type": "local", "path": str(tmp_path / "unused")},
+            "status": {"enabled": False},
+        }
+    )
+    stop = asyncio.Event()
+    stop.set()
+    first = await Daemon.open(settings, storage=MemoryBackend())
+    with pytest.raises(TraindError, match=rf"another traind \(pid {os.getpid()}\) is running"):
+        await Daemon.open(settings, storage=MemoryBackend())
+    async with asyncio.timeout(20):
+        await first.run(stop)
+    second = await Daemon.open(settings, storage=MemoryBackend())
+    async with asyncio.timeout(20):
+        await second.run(stop)

@@ -63,7 +63,7 @@ def settings(tmp_path: Path) -> Settings:
 async def store(tmp_path: Path) -> AsyncIterator[GatedStore]:
     """A running daemon's store."""
     store = GatedStore()
-    d = Daemon(settings(tmp_path), storage=store)
+    d = await Daemon.open(settings(tmp_path), storage=store)
     stop = asyncio.Event()
     task = asyncio.create_task(d.run(stop))
     try:

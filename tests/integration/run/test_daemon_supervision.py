@@ -99,3 +99,36 @@ stop_grace = "2s"
     )
     assert trainer_stop < vllm_stop  # the trainer goes first
     assert "child_killed" in names  # vLLM ignored SIGTERM and was killed after its grace
+
+
+def test_last_checkpoint_of_a_finished_trainer_is_committed_without_waiting(
+    tmp_path: Path,
+) -> None:
+    """A trainer that exits 0 right after its last save has it committed before
+    ``run_complete``, and the daemon exits without waiting out settle + 2 * poll_interval."""
+    out = tmp_path / "out"
+    save = (
+        "import os, sys\n"
+        "for step in (1, 2):\n"
+        f"    d = os.path.join({str(out)!r}, f'checkpoint-{{step}}'); os.makedirs(d)\n"
+        "    open(os.path.join(d, 'w.bin'), 'wb').write(os.urandom(1000))\n"
+        "    open(os.path.join(d, 'trainer_state.json'), 'w').write('{}')\n"
+    )
+    trainer = f"[trainer]\ncommand = {json.dumps([sys.executable, '-c', save])}\n"
+    _, store, cfg = setup(tmp_path, extra=trainer)
+    cfg.write_text(cfg.read_text().replace('poll_interval = "200ms"', 'poll_interval = "60s"'))
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for("child_exited", timeout=30)
+        exited = time.monotonic()
+        assert daemon.proc.wait(timeout=60) == 0, "".join(daemon.raw[-30:])
+        took = time.monotonic() - exited
+    finally:
+        daemon.kill()
+    assert took < 30, took  # settle + 2 * poll_interval would be 121 s
+    assert sorted(stored(store, "exp")) == ["checkpoint-1", "checkpoint-2"]
+    names = [e.get("event") for e in daemon.events]
+    committed = [i for i, e in enumerate(daemon.events)
+                 if e.get("event") == "checkpoint_committed"]
+    assert len(committed) == 2
+    assert max(committed) < names.index("run_complete")

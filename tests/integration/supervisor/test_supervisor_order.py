@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 from tests.support.fake_vllm import command, pids_in, wait_gone
 from tests.support.net import free_port
 
@@ -143,6 +144,28 @@ async def test_cancelling_run_stops_everything(tmp_path: Path) -> None:
         assert await wait_gone(events.pids) == []
     assert [name for name, state in events.seen if state == "STOPPING"] == ["trainer", "vllm"]
     assert sup.outcome == "stopped"
+
+
+async def test_a_crashed_runner_ends_the_run_in_order(tmp_path: Path) -> None:
+    """A bug in one child's runner is logged as ``child_runner_crashed`` and ends the run
+    like any child that ended: the others are stopped in order and ``run`` returns."""
+    events = Events()
+
+    def crash_once(status: ChildStatus) -> None:
+        events(status)
+        if status.name == "trainer" and status.state == "RUNNING" and status.starts == 1:
+            raise RuntimeError("bug in a callback (test)")
+
+    sup = Supervisor(state_dir=tmp_path, vllm=vllm(free_port()), trainer=trainer(),
+                     on_change=crash_once)
+    with capture_logs() as logs:
+        async with asyncio.timeout(20):
+            assert await sup.run() == "stopped"
+        assert await wait_gone(events.pids) == []
+    crashed = [e for e in logs if e["event"] == "child_runner_crashed"]
+    assert [(e["child"], e["log_level"]) for e in crashed] == [("trainer", "error")]
+    assert "bug in a callback" in crashed[0]["error"]
+    assert [name for name, state in events.seen if state == "STOPPING"] == ["trainer", "vllm"]
 
 
 async def test_vllm_restart_restarts_running_trainer(tmp_path: Path) -> None:
