@@ -194,9 +194,15 @@ async def _fetch_range(
 
 
 def _check_range(resp: dict[str, Any], key: str, pos: int, end: int, size: int) -> None:
-    """Refuse a response that is not exactly the bytes asked for of a ``size``-byte object."""
-    total = str(resp.get("ContentRange", "")).rpartition("/")[2]
+    """Refuse a response that is not exactly the bytes asked for of a ``size``-byte object.
+
+    A chunked body has no Content-Length: its Content-Range then says which bytes come, and
+    the stream's end is checked as it is read.
+    """
+    sent, _, total = str(resp.get("ContentRange", "")).partition("/")
     length = int(resp.get("ContentLength", -1))
+    if length < 0 and sent.removeprefix("bytes ").strip() == f"{pos}-{end - 1}":
+        length = end - pos
     if (total and total != str(size)) or length != end - pos:
         raise IntegrityError(
             f"s3 object {key} does not match its manifest: asked bytes {pos}-{end - 1} of "
