@@ -16,6 +16,11 @@ PUT, all at once, nothing hashed or checksummed, so the client spends almost no 
 the server (which needs most of the two cores) sets the pace.
 
     python bench/s3_upload.py --size 1GiB
+
+``--against DIR`` also times traind from another checkout (say a worktree of the commit
+before a change), its rows alternating with this checkout's in the same run.
+
+    git worktree add /tmp/before HEAD~1 && python bench/s3_upload.py --against /tmp/before
 """
 
 from __future__ import annotations
@@ -59,6 +64,14 @@ SMALL_FILES = {
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 INSIDE = Path(tempfile.gettempdir()) / f"traind-bench-s3-{os.getpid()}.json"
 """Where a traind child writes the wall and CPU seconds of its transfer alone."""
+AGAINST: list[Path] = []
+"""Other checkouts whose traind is timed beside this one's (``--against``)."""
+
+
+def traind_from(checkout: Path, *args: str) -> list[str]:
+    """The command line running this bench's traind child ``args`` from ``checkout``."""
+    return ["env", f"PYTHONPATH={checkout / 'daemon'}", sys.executable,
+            str(checkout / "bench" / "s3_upload.py"), *args]
 
 
 @dataclass
@@ -174,6 +187,8 @@ def upload_commands(
     me = [sys.executable, __file__]
     cmds: dict[str, list[str] | None] = {
         "traind": [*me, "_traind_upload", endpoint, bucket, str(src), str(INSIDE)],
+        **{f"traind@{other.name}": traind_from(other, "_traind_upload", endpoint, bucket,
+                                               str(src), str(INSIDE)) for other in AGAINST},
         "boto3 upload_file": [*me, "_boto3_upload", endpoint, bucket, str(src)],
         "aws s3 cp --recursive": None,
         "s5cmd": None,
@@ -215,6 +230,8 @@ def download_commands(dest: Path, endpoint: str, bucket: str) -> dict[str, list[
     cmds: dict[str, list[str] | None] = {
         "traind (sha256 verified)": [*me, "_traind_download", endpoint, bucket, str(dest),
                                      str(INSIDE)],
+        **{f"traind@{other.name}": traind_from(other, "_traind_download", endpoint, bucket,
+                                               str(dest), str(INSIDE)) for other in AGAINST},
         "s5cmd": None,
         "aws s3 cp --recursive": None,
         "rclone": None,
@@ -276,7 +293,7 @@ def verdict(upload: list[Result], restore: list[Result]) -> None:
         return r.nbytes / r.seconds
 
     ours = next(r for r in upload if r.tool == "traind")
-    peers = [r for r in upload if r.tool not in {"traind", CEILING}]
+    peers = [r for r in upload if not r.tool.startswith("traind") and r.tool != CEILING]
     ceiling = next((r for r in upload if r.tool == CEILING), None)
     print("\n### targets\n")
     if peers:
@@ -326,7 +343,10 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--repeat", type=int, default=2, help="runs per tool; the fastest counts")
+    parser.add_argument("--against", type=Path, action="append", default=[], metavar="DIR",
+                        help="also time traind from the checkout DIR, in the same run")
     args = parser.parse_args()
+    AGAINST.extend(path.resolve() for path in args.against)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="traind-bench-"))
     try:
         src = work / "checkpoint-1"

@@ -6,6 +6,7 @@ import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,8 @@ from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, run
 
 from traind.config import S3Storage
 from traind.storage import LocalFile
+from traind.storage.s3 import backend as s3
 from traind.storage.s3.backend import S3Backend
-from traind.storage.s3.direct import Direct
-from traind.storage.s3.http import Response
 
 MIB = 1024 * 1024
 
@@ -129,21 +129,35 @@ class RecordingSession:
         self.states[path] = state
 
 
-@pytest.fixture(params=["direct", "aiobotocore"])
-def puts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Upload through the path of the parameter (``s3_direct``, or aiobotocore with
-    ``TRAIND_S3_DIRECT=0``); the list collects the keys the direct path PUTs."""
-    monkeypatch.delenv("TRAIND_S3_DIRECT", raising=False)
-    if request.param == "aiobotocore":
-        monkeypatch.setenv("TRAIND_S3_DIRECT", "0")
-    seen: list[str] = []
-    original = Direct.put
+@dataclass
+class Sent:
+    """One request as the client sent it: operation, URL, headers, and the body's type."""
 
-    async def spy(self: Direct, key: str, *args: Any) -> Response:
-        seen.append(key)
-        return await original(self, key, *args)
+    op: str
+    url: str
+    headers: dict[str, str]
+    body: type
 
-    monkeypatch.setattr(Direct, "put", spy)
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[Sent]:
+    """Every request the backends' S3 clients send (botocore's ``before-send`` event), in
+    order."""
+    seen: list[Sent] = []
+    original = s3.open_client
+
+    def record(request: Any, event_name: str, **_: Any) -> None:
+        headers = {k.lower(): v.decode() if isinstance(v, bytes) else str(v)
+                   for k, v in request.headers.items()}
+        seen.append(Sent(event_name.rpartition(".")[2], str(request.url), headers,
+                         type(request.body)))
+
+    async def spy(*args: Any) -> Any:
+        client = await original(*args)
+        client.meta.events.register("before-send.s3", record)
+        return client
+
+    monkeypatch.setattr(s3, "open_client", spy)
     return seen
 
 

@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from tests.integration.s3.conftest import (
     MIB,
     RecordingSession,
+    Sent,
     make_checkpoint,
     s3_config,
 )
@@ -31,8 +32,8 @@ from traind.layout.keys import MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest
 from traind.storage.s3 import backend as s3
 from traind.storage.s3.backend import S3Backend
+from traind.storage.s3.buffers import PartBody
 from traind.storage.s3.client import Ops
-from traind.storage.s3.direct import Direct
 from traind.storage.s3.upload import Resume
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,12 +57,12 @@ def keys_under(server: SeaweedS3, bucket: str, prefix: str) -> list[str]:
 
 
 async def test_round_trip(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, puts: list[str],
-    request: pytest.FixtureRequest,
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, sent: list[Sent],
 ) -> None:
     """Upload, commit, list, download and delete keep every byte and the manifest contract,
-    on the direct path and through aiobotocore; the backend logs no event of its own for
-    them (checkpoint_committed and checkpoint_restored are those facts' one event)."""
+    with every file's bytes sent as a zero-copy ``PartBody``; the backend logs no event of
+    its own for them (checkpoint_committed and checkpoint_restored are those facts' one
+    event)."""
     root = tmp_path / "checkpoint-100"
     files = make_checkpoint(root, {
         "model.safetensors": 7 * MIB + 123, "config.json": 300, "sub/optimizer.pt": 40_000,
@@ -80,9 +81,10 @@ async def test_round_trip(
     assert not {e["event"] for e in logs} & {"s3_uploaded", "s3_committed", "s3_downloaded"}
     assert listed == [manifest]
     assert session.advanced == sum(f.size for f in files)
-    direct = "direct" in request.node.callspec.id
-    # The large file's 2 parts and the 3 small files; the manifest goes through aiobotocore.
-    assert len(puts) == (5 if direct else 0)
+    # The large file's 2 parts and the 3 small files (not the claim's or manifest's PUTs).
+    puts = [r for r in sent if r.op in {"PutObject", "UploadPart"} and "traind" not in r.url]
+    assert sorted(r.op for r in puts) == ["PutObject"] * 3 + ["UploadPart"] * 2
+    assert {r.body for r in puts} == {PartBody}
     for f in files:
         data = (root / f.path).read_bytes()
         assert session.done[f.path] == hashlib.sha256(data).hexdigest()
@@ -97,7 +99,7 @@ async def test_round_trip(
 
 
 async def test_multipart_upload(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, puts: list[str]
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
 ) -> None:
     """A 20 MiB file goes up as 5 MiB parts and reads back byte for byte, in ranges."""
     root = tmp_path / "checkpoint-7"
@@ -177,29 +179,21 @@ async def test_a_malformed_manifest_is_left_out_and_named(
 
 
 async def test_when_required_sends_no_checksums(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, sent: list[Sent],
 ) -> None:
     """``request_checksum_calculation = "when_required"`` (for stores that refuse them) sends
     no CRC32 with parts or whole objects; the default sends one with each."""
-    headers: list[dict[str, str]] = []
-    original = Direct.put
-
-    async def spy(self: Direct, key: str, body: memoryview, query: dict[str, str],
-                  sent: dict[str, str], operation: str) -> Any:
-        headers.append(sent)
-        return await original(self, key, body, query, sent, operation)
-
-    monkeypatch.setattr(Direct, "put", spy)
     sizes = {"shard.bin": 6 * MIB, "config.json": 100}
     for setting, tag in (("when_required", "checkpoint-1"), ("when_supported", "checkpoint-2")):
         root = tmp_path / tag
         files = make_checkpoint(root, sizes)
         backend = backends(s3_config(s3_server, bucket, request_checksum_calculation=setting))
         session = RecordingSession()
-        headers.clear()
+        sent.clear()
         async with asyncio.timeout(30):
             await backend.upload(tag, root, files, session)
+        headers = [r.headers for r in sent if r.op in {"PutObject", "UploadPart"}]
+        async with asyncio.timeout(30):
             manifest = manifest_of(tag, root, session.done)
             got = await backend.download(manifest, tmp_path / f"out-{tag}", lambda n: None)
         assert got == session.done
@@ -320,7 +314,7 @@ async def test_cancelled_upload_closes_its_file_after_the_read_in_flight(
 )
 async def test_permanent_errors_fail_fast(
     s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
-    overrides: dict[str, str], message: str, puts: list[str],
+    overrides: dict[str, str], message: str,
 ) -> None:
     """A wrong bucket or credential raises StorageError naming the problem, without retries
     (a 4 MiB body: the store may answer before it has read it all)."""
@@ -402,7 +396,7 @@ ODD_NAMES = {
 
 
 async def test_odd_file_names_round_trip(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, puts: list[str]
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
 ) -> None:
     """Spaces, non-ASCII letters, quotes, ``$`` and URL syntax in file names are stored as
     those UTF-8 keys (a multipart one among them), restored byte-identical, cleaned up when

@@ -30,10 +30,10 @@ Make = Callable[[S3Storage], S3Backend]
 
 
 async def test_server_restart_mid_multipart(
-    own_server: SeaweedS3, backends: Make, tmp_path: Path, puts: list[str]
+    own_server: SeaweedS3, backends: Make, tmp_path: Path
 ) -> None:
     """Killing and restarting S3 mid-upload still commits once, and nothing shows before
-    (on the direct path and through aiobotocore)."""
+    (requests cut or refused meanwhile are retried)."""
     own_server.create_bucket("faults")
     root = tmp_path / "checkpoint-3"
     files = make_checkpoint(root, {"shard.bin": 20 * MIB, "config.json": 100})

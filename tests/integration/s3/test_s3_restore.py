@@ -1,5 +1,5 @@
-"""Restores against a real SeaweedFS, through the direct path (``s3_direct``) and through the
-aiobotocore fallback: bytes and hashes, connection reuse, resets and stalls mid-body, errors."""
+"""Restores against a real SeaweedFS: bytes and hashes, one ranged GET per range, connection
+reuse, resets and stalls mid-body, errors."""
 
 from __future__ import annotations
 
@@ -8,22 +8,16 @@ import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from tests.integration.s3.conftest import MIB, RecordingSession, make_checkpoint, s3_config
+from tests.integration.s3.conftest import MIB, RecordingSession, Sent, make_checkpoint, s3_config
 from tests.integration.s3.test_s3_backend import manifest_of
 from tests.support.seaweed import SeaweedS3
 
 from traind.config import S3Storage
 from traind.errors import IntegrityError, StorageError, TransientStorageError
 from traind.layout.manifest import FileEntry, Manifest
-from traind.storage.s3 import direct as s3_direct
 from traind.storage.s3.backend import S3Backend
-from traind.storage.s3.client import Ops
-from traind.storage.s3.direct import Direct, direct_client
-from traind.storage.s3.errors import RetryPolicy, Target
 
 pytestmark = pytest.mark.timeout(60)
 Make = Callable[[S3Storage], S3Backend]
@@ -31,22 +25,10 @@ SIZES = {"model.safetensors": 12 * MIB + 77, "config.json": 1000, "empty.txt": 0
 RANGES = 13 + 1  # 1 MiB ranges of the large file, and the small one
 
 
-@pytest.fixture(params=["direct", "fallback"])
-def opens(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Restore through the path of the parameter; the list collects the fast path's GETs."""
+@pytest.fixture(autouse=True)
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restore in 1 MiB ranges, so a small file takes many GETs."""
     monkeypatch.setattr("traind.storage.s3.backend.RANGE_SIZE", MIB)
-    monkeypatch.delenv("TRAIND_S3_DIRECT", raising=False)
-    if request.param == "fallback":
-        monkeypatch.setenv("TRAIND_S3_DIRECT", "0")
-    seen: list[str] = []
-    original = Direct.get
-
-    async def spy(self: Direct, key: str, start: int, end: int, into: memoryview) -> Any:
-        seen.append(f"{key}:{start}-{end}")
-        return await original(self, key, start, end, into)
-
-    monkeypatch.setattr(Direct, "get", spy)
-    return seen
 
 
 async def uploaded(
@@ -123,11 +105,10 @@ class Relay:
 
 
 async def test_restore_round_trip(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, opens: list[str],
-    request: pytest.FixtureRequest,
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, sent: list[Sent],
 ) -> None:
-    """Every byte arrives and is hashed; the fast path is the default, the env turns it off;
-    connections are kept alive and reused."""
+    """Every byte arrives and is hashed, one ranged GET per range; connections are kept
+    alive and reused."""
     root = tmp_path / "checkpoint-1"
     manifest = await uploaded(s3_server, bucket, backends, root, SIZES)
     async with Relay(s3_server.endpoint).running() as relay:
@@ -140,14 +121,15 @@ async def test_restore_round_trip(
             again = await backend.download(manifest, tmp_path / "again", lambda n: None)
             check_restored(root, tmp_path / "again", again, manifest)
     assert sum(progress) == manifest.total_bytes
-    direct = "direct" in request.node.callspec.id
-    assert len(opens) == (2 * RANGES if direct else 0)
-    assert relay.connections <= (2 * 2 if direct else 2)  # each download's own, or the client's
+    gets = [r.headers.get("range") for r in sent if r.op == "GetObject"]
+    assert len(gets) == 2 * RANGES
+    assert None not in gets
+    assert relay.connections <= 2  # the client's pool (concurrency=2), across both restores
 
 
 @pytest.mark.parametrize("mode", ["reset", "stall"])
 async def test_restore_survives_a_broken_stream(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, opens: list[str],
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
     mode: str,
 ) -> None:
     """A connection reset or stalled mid-body is retried, and the range resumes."""
@@ -163,7 +145,7 @@ async def test_restore_survives_a_broken_stream(
 
 
 async def test_restore_errors_are_translated(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, opens: list[str],
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
 ) -> None:
     """A missing object fails at once with S3's reason; an object that is not the size the
     manifest says fails as an integrity error."""
@@ -185,7 +167,7 @@ async def test_restore_errors_are_translated(
 
 
 async def test_restore_unreachable_endpoint_fails_fast(
-    backends: Make, tmp_path: Path, opens: list[str], s3_server: SeaweedS3
+    backends: Make, tmp_path: Path, s3_server: SeaweedS3
 ) -> None:
     """An endpoint that never answered is reported at once, unretried, as a store that may
     be down for now (the daemon waits for it; a command says so and ends)."""
@@ -196,28 +178,3 @@ async def test_restore_unreachable_endpoint_fails_fast(
         with pytest.raises(StorageError, match="cannot reach the S3 endpoint") as caught:
             await backends(config).download(manifest, tmp_path / "out", lambda n: None)
     assert isinstance(caught.value, TransientStorageError)
-
-
-@pytest.mark.parametrize(("endpoint", "env", "credentials", "direct"), [
-    ("http://127.0.0.1:1", {}, True, True),
-    ("https://s3.example.com", {}, True, True),
-    ("http://127.0.0.1:1", {"TRAIND_S3_DIRECT": "0"}, True, False),
-    ("http://127.0.0.1:1", {"HTTPS_PROXY": "http://proxy:3128"}, True, False),
-    ("http://127.0.0.1:1", {"http_proxy": "http://proxy:3128"}, True, False),
-    ("ftp://127.0.0.1:1", {}, True, False),
-    ("http://127.0.0.1:1", {}, False, False),
-])
-def test_direct_path_scope(
-    monkeypatch: pytest.MonkeyPatch, endpoint: str, env: dict[str, str], credentials: bool,
-    direct: bool,
-) -> None:
-    """Proxies, anonymous access and anything but direct http(s) fall back to the
-    aiobotocore path."""
-    for name in ("TRAIND_S3_DIRECT", *s3_direct._PROXY_VARS):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    signer = SimpleNamespace(_credentials=object() if credentials else None)
-    client = SimpleNamespace(meta=SimpleNamespace(endpoint_url=endpoint), _request_signer=signer)
-    ops = Ops(client, Target("b", endpoint, None, "test"), RetryPolicy(0), 1.0)
-    assert (direct_client(ops, 1.0) is not None) == direct

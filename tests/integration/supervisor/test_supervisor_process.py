@@ -96,7 +96,8 @@ def test_child_env_drops_traind_configuration() -> None:
     own = {"TRAIND_STORAGE__SECRET_ACCESS_KEY": "s3cret", "traind_storage__password": "pw",
            "TRAIND_STORAGE": '{"type": "s3"}', "TRAIND_RUN__NAME": "r",
            "TRAIND_ANYTHING__ELSE": "x"}
-    kept = {"TRAIND_CONFIG": "/etc/traind/traind.toml", "TRAIND_S3_DIRECT": "0", "PATH": "/bin"}
+    kept = {"TRAIND_CONFIG": "/etc/traind/traind.toml", "TRAIND_PROJECT_TAG": "exp-7",
+            "PATH": "/bin"}
     for role in Role:
         env = child_env({**own, **kept}, cfg("x", env={"TRAIND_RUN__NAME": "mine"}), role)
         assert not own.keys() - {"TRAIND_RUN__NAME"} & env.keys()

@@ -30,7 +30,6 @@ from traind.storage.claim import Lease, check_committed
 from traind.storage.s3 import claim as s3_claim
 from traind.storage.s3.buffers import BufferPool, TokenBucket
 from traind.storage.s3.client import Ops, open_client, target_of
-from traind.storage.s3.direct import direct_client
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
 from traind.storage.s3.errors import RetryPolicy, error_code
 from traind.storage.s3.upload import Uploader, upload_id_of
@@ -77,10 +76,8 @@ class S3Backend:
     ) -> None:
         ops = await self._client()
         cfg = self._config
-        # Objects and parts sent directly; None (proxies, TRAIND_S3_DIRECT=0): aiobotocore.
-        direct = direct_client(ops, cfg.connect_timeout)
         uploader = Uploader(
-            ops, direct, BufferPool(cfg.concurrency), self._bandwidth, cfg.part_size,
+            ops, BufferPool(cfg.concurrency), self._bandwidth, cfg.part_size,
             crc=cfg.request_checksum_calculation == "when_supported",
         )
         # Bounds files in flight (each holds an open multipart upload); parts are bounded
@@ -93,13 +90,9 @@ class S3Backend:
                                           session)
             await session.file_done(f.path, sha)
 
-        try:
-            async with task_group() as tg:
-                for f in files:
-                    tg.create_task(one(f))
-        finally:
-            if direct is not None:
-                direct.close()
+        async with task_group() as tg:
+            for f in files:
+                tg.create_task(one(f))
 
     async def _honours_conditional(self, ops: Ops) -> bool:
         if self._conditional is None:
@@ -202,9 +195,6 @@ class S3Backend:
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         ops = await self._client()
         hashes: dict[str, str] = {}
-        # Ranged GETs received straight into buffers; None (proxies, TRAIND_S3_DIRECT=0):
-        # through aiobotocore.
-        direct = direct_client(ops, self._config.connect_timeout)
         # ``concurrency`` GETs in flight, each into its own buffer. A range received ahead
         # of a slower one keeps its buffer until it is hashed; spare buffers for such ranges
         # gained nothing measurable (one spare, or twice the buffers).
@@ -215,7 +205,7 @@ class S3Backend:
             try:
                 hashes[path] = await fetch_file(
                     ops, key, dest / check_relpath(path), size, pool, RANGE_SIZE, advance,
-                    self._bandwidth, direct,
+                    self._bandwidth,
                 )
             except StorageError as exc:
                 code = error_code(exc.__cause__ or exc)
@@ -225,13 +215,9 @@ class S3Backend:
                     f"s3://{self._config.bucket}/{key}: missing from the store ({code})"
                 ) from exc
 
-        try:
-            async with task_group() as tg:
-                for entry in manifest.files:
-                    tg.create_task(one(entry.path, entry.size))
-        finally:
-            if direct is not None:
-                direct.close()
+        async with task_group() as tg:
+            for entry in manifest.files:
+                tg.create_task(one(entry.path, entry.size))
         return hashes
 
     async def delete(self, tag: str) -> None:

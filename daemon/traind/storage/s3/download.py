@@ -1,13 +1,11 @@
 """Restoring one file: concurrent ranged GETs, each received whole into a buffer, written
 at its offset and hashed in order from memory.
 
-A range's body lands straight in a pooled, page-aligned buffer (``http``'s sink), which
-one worker-thread call writes with direct I/O (``fileio.direct_io``) and, once every earlier
-range of the file has been hashed, hashes. So each byte is copied once, from the socket, and
-hashed from memory; it is never read back from the file, and never copied into new
-page-cache pages. Measured on the 4 GiB checkpoint of bench/s3_upload.py (same server, same
-session): 0.89-1.03 client CPU s/GB at 810-970 MB/s, against 1.68-3.5 s/GB at 310-660 MB/s
-when ranges were written through the page cache and hashed from it.
+A range's body is copied from the response stream (aiobotocore's ``get_object``) chunk by
+chunk into a pooled, page-aligned buffer, which one worker-thread call writes with direct
+I/O (``fileio.direct_io``) and, once every earlier range of the file has been hashed,
+hashes. So each byte is hashed from memory; it is never read back from the file, and never
+copied into new page-cache pages.
 
 A buffer waits for the earlier ranges of its file to be hashed, so a file's ranges take
 buffers in order (no range holds one while an earlier range waits for one). Each GET holds a
@@ -31,15 +29,13 @@ from traind.errors import IntegrityError, StorageError
 from traind.storage.fileio import SharedFd, create, trim, write_at
 from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest
 from traind.storage.s3.client import Ops
-from traind.storage.s3.direct import Direct
 from traind.storage.s3.errors import retrying
 from traind.storage.tasks import task_group
 
 RANGE_SIZE = 12 * 1024 * 1024
-"""Bytes per ranged GET, and per buffer (a multiple of ``ALIGN``). Each GET costs the server
-too; on bench/s3_upload.py's 4 GiB restore (8 GETs in flight, same session), the fastest of
-three runs was 936 MB/s with 8 MiB, 965 with 12 and 996 with 16: within the runs' spread,
-while peak RSS was 142, 174 and 206 MB."""
+"""Bytes per ranged GET, and per buffer (a multiple of ``ALIGN``): large enough that the
+per-request cost (client and server) is small per byte, small enough that ``concurrency``
+buffers stay a modest part of a restore's memory."""
 
 
 class Assembler:
@@ -123,13 +119,11 @@ async def fetch_file(
     range_size: int,
     advance: Callable[[int], None],
     bandwidth: TokenBucket | None,
-    direct: Direct | None = None,
 ) -> str:
     """Download ``key`` (``size`` bytes per the manifest) to ``target``; return its sha256.
 
     Ranges of ``range_size`` bytes (an ``ALIGN`` multiple, at most the ``pool``'s buffers)
-    are received by ``direct`` when given (``direct``), else through aiobotocore; one GET
-    per buffer taken from ``pool`` at a time.
+    are received into buffers taken from ``pool``, one GET per buffer at a time.
     """
     try:
         asm = await asyncio.to_thread(Assembler.create, target, size)
@@ -139,7 +133,7 @@ async def fetch_file(
                     buf = await pool.acquire(range_size)  # in order: see the docstring
                     tg.create_task(_fetch_range(ops, key, asm, buf, start,
                                                 min(size, start + range_size), pool, advance,
-                                                bandwidth, direct))
+                                                bandwidth))
             return await asyncio.to_thread(asm.finish)
         finally:
             asm.close()
@@ -159,27 +153,12 @@ async def _fetch_range(
     pool: BufferPool,
     advance: Callable[[int], None],
     bandwidth: TokenBucket | None,
-    direct: Direct | None,
 ) -> None:
     pos = start  # bytes before pos are in buf (kept across retries)
     view = memoryview(buf)
 
     def deadline() -> float:
         return ops.read_timeout * 2 + (end - pos) / (64 * 1024)
-
-    async def direct_attempt() -> None:
-        nonlocal pos
-        assert direct is not None
-        body = await direct.get(key, pos, end, view[pos - start : end - start])
-        try:
-            head = body.response
-            _check_range({"ContentRange": head.headers.get("content-range", ""),
-                          "ContentLength": head.length}, key, pos, end, asm.size)
-            async with asyncio.timeout(deadline()):
-                await body.filled(ops.read_timeout)
-        finally:
-            pos += body.received
-            body.close()
 
     async def attempt() -> None:
         nonlocal pos
@@ -208,17 +187,22 @@ async def _fetch_range(
 
     if bandwidth is not None:
         await bandwidth.take(end - start)
-    await retrying(attempt if direct is None else direct_attempt, "get_object", key,
-                   ops.target, ops.policy)
+    await retrying(attempt, "get_object", key, ops.target, ops.policy)
     for done in await asyncio.to_thread(asm.put, start, buf, end - start):
         pool.release(done)
     advance(end - start)
 
 
 def _check_range(resp: dict[str, Any], key: str, pos: int, end: int, size: int) -> None:
-    """Refuse a response that is not exactly the bytes asked for of a ``size``-byte object."""
-    total = str(resp.get("ContentRange", "")).rpartition("/")[2]
+    """Refuse a response that is not exactly the bytes asked for of a ``size``-byte object.
+
+    A chunked body has no Content-Length: its Content-Range then says which bytes come, and
+    the stream's end is checked as it is read.
+    """
+    sent, _, total = str(resp.get("ContentRange", "")).partition("/")
     length = int(resp.get("ContentLength", -1))
+    if length < 0 and sent.removeprefix("bytes ").strip() == f"{pos}-{end - 1}":
+        length = end - pos
     if (total and total != str(size)) or length != end - pos:
         raise IntegrityError(
             f"s3 object {key} does not match its manifest: asked bytes {pos}-{end - 1} of "

@@ -26,8 +26,7 @@ from traind.storage.base import UploadSession
 from traind.storage.fileio import SharedFd, hash_file
 from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest, read_part
 from traind.storage.s3.client import Ops
-from traind.storage.s3.direct import Direct
-from traind.storage.s3.errors import error_code, retrying
+from traind.storage.s3.errors import error_code
 from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.s3")
@@ -100,14 +99,12 @@ class Uploader:
     def __init__(
         self,
         ops: Ops,
-        direct: Direct | None,
         pool: BufferPool,
         bandwidth: TokenBucket | None,
         part_size: int,
         crc: bool,
     ) -> None:
         self._ops = ops
-        self._direct = direct
         self._pool = pool
         self._bandwidth = bandwidth
         self._part_size = part_size
@@ -200,22 +197,10 @@ class Uploader:
         """Store one object, or part ``(upload id, number)`` of one; return its ETag."""
         await self._throttle(len(view))
         op = "upload_part" if part else "put_object"
-        if self._direct is None:
-            extra: dict[str, Any] = {"ChecksumCRC32": crc} if crc else {}
-            if part is not None:
-                extra |= {"UploadId": part[0], "PartNumber": part[1]}
-            return str((await self._ops.call(op, key, body=view, **extra))["ETag"])
-        direct = self._direct
-        headers = {"x-amz-checksum-crc32": crc} if crc else {}
-        query = {"partNumber": str(part[1]), "uploadId": part[0]} if part else {}
-        operation = "UploadPart" if part else "PutObject"
-
-        async def attempt() -> str:
-            async with asyncio.timeout(self._ops.limit(len(view))):
-                response = await direct.put(key, view, query, headers, operation)
-            return response.headers.get("etag", "")
-
-        etag = await retrying(attempt, op, key, self._ops.target, self._ops.policy)
+        extra: dict[str, Any] = {"ChecksumCRC32": crc} if crc else {}
+        if part is not None:
+            extra |= {"UploadId": part[0], "PartNumber": part[1]}
+        etag = str((await self._ops.call(op, key, body=view, **extra)).get("ETag") or "")
         if not etag:
             raise StorageError(f"the S3 store answered {op} of {key} without an ETag")
         return etag
