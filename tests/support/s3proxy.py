@@ -31,9 +31,13 @@ class ThrottlingProxy:
     listings: int = 0
     """Listings seen, refused or forwarded."""
     endpoint: str = ""
+    requests: list[str] = field(default_factory=list)
+    """Every request seen, as ``METHOD key?query-names`` (what the store was asked)."""
     _session: aiohttp.ClientSession | None = field(default=None, repr=False)
 
     async def _handle(self, request: web.Request) -> web.Response:
+        query = "&".join(sorted(request.query))
+        self.requests.append(f"{request.method} {request.path}" + (f"?{query}" if query else ""))
         if request.method == "GET" and "list-type" in request.query:
             self.listings += 1
             if self.throttle != 0:
