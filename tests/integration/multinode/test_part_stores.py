@@ -1,6 +1,6 @@
 """Every PartStore against its real store — a local directory, SeaweedFS over S3 (with
 conditional writes and with the listing fallback) and OpenSSH's sshd over SFTP (and the
-openssh transfer): part claims per node rank, files never stored over another host's,
+openssh and rsync transfers): part claims per node rank, files never stored over another host's,
 part manifests, the union committed, and nothing of a pruned checkpoint left behind."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from traind.storage.local import LocalBackend
 
 W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
 TAG = "checkpoint-4"
-KINDS = ["local", "s3", "s3-listed", "ssh", "ssh-openssh"]
+KINDS = ["local", "s3", "s3-listed", "ssh", "ssh-openssh", "ssh-rsync"]
 
 
 class Backend(Storage, PartStore, Protocol):
@@ -113,9 +113,9 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path,
         from traind.storage.ssh.backend import SSHBackend
 
         sshd: SSHServer = request.getfixturevalue("sshd")
-        transfer = "openssh" if kind == "ssh-openssh" else "sftp"
-        if transfer == "openssh":
-            need_binary("ssh")
+        transfer = kind.removeprefix("ssh").removeprefix("-") or "sftp"
+        for tool in {"openssh": ["ssh"], "rsync": ["rsync", "ssh"]}.get(transfer, []):
+            need_binary(tool)
         config_h = SSHStorage.model_validate({
             "type": "ssh", "host": HOST, "port": sshd.port, "user": sshd.user,
             "identity_file": sshd.user_key.path, "known_hosts": sshd.known_hosts,
