@@ -6,6 +6,7 @@ part manifests, the union committed, and nothing of a pruned checkpoint left beh
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -97,8 +98,8 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path,
     build: Callable[[], Any]
     if kind == "local":
         config_l = LocalStorage(path=tmp_path / "store")
-        build = lambda: LocalBackend(config_l, "run")  # noqa: E731
-        names = lambda tag: _tree(tmp_path / "store" / "run" / tag)  # noqa: E731
+        build = functools.partial(LocalBackend, config_l, "run")
+        names = functools.partial(_tree, tmp_path / "store" / "run")
     elif kind.startswith("s3"):
         from traind.storage.s3.backend import S3Backend
 
@@ -107,8 +108,8 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path,
         bucket = f"t-{uuid.uuid4().hex[:12]}"
         server.create_bucket(bucket)
         config_s = s3_config(server.endpoint, bucket)
-        build = lambda: S3Backend(config_s, "run")  # noqa: E731
-        names = lambda tag: _keys(server, bucket, f"ckpts/run/{tag}/")  # noqa: E731
+        build = functools.partial(S3Backend, config_s, "run")
+        names = functools.partial(_keys, server, bucket)
     else:
         from traind.storage.ssh.backend import SSHBackend
 
@@ -121,8 +122,8 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path,
             "identity_file": sshd.user_key.path, "known_hosts": sshd.known_hosts,
             "remote_path": str(tmp_path / "remote"), "connect_timeout": 5, "retries": 3,
             "backoff_initial": 0.05, "backoff_max": 0.5, "transfer": transfer})
-        build = lambda: SSHBackend(config_h, "run")  # noqa: E731
-        names = lambda tag: _tree(tmp_path / "remote" / "run" / tag)  # noqa: E731
+        build = functools.partial(SSHBackend, config_h, "run")
+        names = functools.partial(_tree, tmp_path / "remote" / "run")
 
     def make() -> Backend:
         backend: Backend = build()
@@ -144,12 +145,14 @@ def s3_config(endpoint: str, bucket: str, **overrides: Any) -> S3Storage:
         "connect_timeout": 2.0, "read_timeout": 10.0, **overrides})
 
 
-def _tree(root: Path) -> list[str]:
+def _tree(run_dir: Path, tag: str) -> list[str]:
+    root = run_dir / tag
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) \
         if root.is_dir() else []
 
 
-def _keys(server: SeaweedS3, bucket: str, prefix: str) -> list[str]:
+def _keys(server: SeaweedS3, bucket: str, tag: str) -> list[str]:
+    prefix = f"ckpts/run/{tag}/"
     client = server.client()
     try:
         page = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
