@@ -47,8 +47,7 @@ _STORE_RETRY = (1.0, 60.0)
 """Waiting for a store that cannot be reached: the first pause and the cap, in seconds."""
 _NOT_YET_MULTINODE = (
     "run.nodes = {nodes}: {what} is not supported with several nodes yet ({why}); "
-    "run.nodes > 1 works with storage.type = \"local\" and no [trainer] (the scheduler "
-    "starts the trainer)"
+    "run.nodes > 1 works without [trainer] (the scheduler starts the trainer)"
 )
 _WAITING_HINT = ("waiting for the store before the trainer starts: output_dir holds no "
                  "checkpoint to resume from, and the store may hold a newer one")
@@ -184,10 +183,6 @@ class Daemon:
                 nodes=node.nodes, what="[trainer]",
                 why="every host must resume from the same committed checkpoint, made whole "
                     "on its disk, which traind does not arrange yet"))
-        if node.nodes > 1 and not isinstance(s.storage, config.LocalStorage):
-            raise TraindError(_NOT_YET_MULTINODE.format(
-                nodes=node.nodes, what=f'storage.type = "{s.storage.type}"',
-                why="its parts and union commit are not built yet"))
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
         for pinned in self._state.dropped:  # let go to open the journal at all
             await self.journal.set_state(pinned.tag, "dropped")

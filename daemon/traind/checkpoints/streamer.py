@@ -583,7 +583,8 @@ class Streamer:
             return None
         if not isinstance(self.storage, PartStore):
             raise StorageError(f"{self.storage.describe} cannot store parts of a multi-node "
-                               "checkpoint (run.nodes > 1 needs storage.type = \"local\")")
+                               "checkpoint (run.nodes > 1 needs storage.type = \"local\", "
+                               "\"s3\" or \"ssh\")")
         return self.storage
 
     async def _commit_union(self, store: PartStore, mine: Manifest) -> Manifest:

@@ -1,6 +1,6 @@
 """Two and three hosts of one torch.distributed job, one traind each (own output_dir and
-state_dir), one local store: each host stores its part, the union is committed once all
-are in."""
+state_dir), one store — a local directory, S3 on SeaweedFS, or SSH to sshd: each host
+stores its part, the union is committed once all are in."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tests.support.daemon import DaemonProcess, Event, write_config
 from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
+from tests.support.stores import StoreView, running_store
 
 from traind.layout.keys import MANIFEST_NAME
 from traind.layout.parts import Part, part_name
@@ -51,22 +53,28 @@ def dcp_job(tmp_path: Path, steps: int, env: dict[str, str] | None = None, nodes
                 proc.wait(timeout=10)
 
 
-def host_configs(tmp_path: Path, nodes: int) -> list[Path]:
+def host_configs(tmp_path: Path, nodes: int, storage: str) -> list[Path]:
     """Each host's traind config: the same run and store."""
     configs = []
     for rank in range(nodes):
         root = tmp_path / f"node{rank}"
         (root / "out").mkdir(parents=True)
         configs.append(write_config(root / "traind.toml", run="exp", output_dir=root / "out",
-                                    state_dir=root / "state",
-                                    storage=f'type = "local"\npath = "{tmp_path / "store"}"'))
+                                    state_dir=root / "state", storage=storage))
     return configs
 
 
+@pytest.fixture(params=["local", "s3", "ssh"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, StoreView]]:
+    """A fresh store of each kind: its [storage] body, and a view of run ``exp`` in it."""
+    with running_store(str(request.param), tmp_path, run="exp") as found:
+        yield found
+
+
 @pytest.fixture
-def hosts(tmp_path: Path) -> list[Path]:
-    """Two hosts' traind configs."""
-    return host_configs(tmp_path, 2)
+def hosts(tmp_path: Path, store: tuple[str, StoreView]) -> list[Path]:
+    """Two hosts' traind configs, on the store of the parameter."""
+    return host_configs(tmp_path, 2, store[0])
 
 
 def start(cfg: Path, rank: int, nodes: int = 2, env: dict[str, str] | None = None
@@ -80,15 +88,18 @@ def event(daemon: DaemonProcess, name: str, tag: str, timeout: float = 90) -> Ev
     return daemon.wait_for(lambda e: e.get("event") == name and e.get("tag") == tag, timeout)
 
 
-@pytest.mark.parametrize("nodes", [2, 3])
-def test_union_committed_once_every_host_part_is_in(tmp_path: Path, nodes: int) -> None:
+@pytest.mark.parametrize(("store", "nodes"), [("local", 2), ("local", 3), ("s3", 2),
+                                             ("s3", 3), ("ssh", 2)], indirect=["store"])
+def test_union_committed_once_every_host_part_is_in(
+    tmp_path: Path, nodes: int, store: tuple[str, StoreView]
+) -> None:
     """The daemons of all hosts but the last store their parts but commit nothing (no
     checkpoint listed with a part missing); once the last host's daemon starts, late, each
     checkpoint is committed once with the union of all hosts' files, loadable by
     torch.distributed.checkpoint."""
-    hosts = host_configs(tmp_path, nodes)
+    hosts = host_configs(tmp_path, nodes, store[0])
     dcp_job(tmp_path, steps=2, nodes=nodes)
-    store = tmp_path / "store" / "exp"
+    view = store[1]
     daemons = []
     try:
         daemons = [start(cfg, rank, nodes) for rank, cfg in enumerate(hosts[:-1])]
@@ -99,7 +110,7 @@ def test_union_committed_once_every_host_part_is_in(tmp_path: Path, nodes: int) 
                 assert nodes - 1 in stored["missing"]
             source = daemon.wait_for("daemon_starting")["node_rank_from"]
             assert source == f"${RANK_FROM[rank]}"
-        assert not list(store.glob(f"*/{MANIFEST_NAME}"))
+        assert not [n for n in view.names() if n.endswith(f"/{MANIFEST_NAME}")]
         shown = subprocess.run([sys.executable, "-m", "traind", "status", "--json", "-c",
                                 str(hosts[0])], capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, shown.stderr
@@ -120,30 +131,29 @@ def test_union_committed_once_every_host_part_is_in(tmp_path: Path, nodes: int) 
             daemon.kill()
     data = [f"__{rank}_0.distcp" for rank in range(nodes)]
     for tag in TAGS:
-        manifest = json.loads((store / tag / MANIFEST_NAME).read_text())
+        manifest = json.loads(view.read(tag, MANIFEST_NAME) or b"")
         assert sorted(f["path"] for f in manifest["files"]) == [".metadata", *data,
                                                                 "config.json"]
-        parts = [Part.from_json((store / tag / part_name(r)).read_bytes())
-                 for r in range(nodes)]
+        parts = [Part.from_json(view.read(tag, part_name(r)) or b"") for r in range(nodes)]
         assert {f.path for f in parts[1].files} == {"__1_0.distcp", "config.json"}
     import torch
     import torch.distributed.checkpoint as dcp
 
     state = {"model": torch.nn.Linear(64, 64).state_dict(), "step": torch.tensor(0)}
-    dcp.load(state, checkpoint_id=store / "checkpoint-2")
+    dcp.load(state, checkpoint_id=view.copy("checkpoint-2", tmp_path / "copied"))
     assert int(state["step"]) == 2
     torch.manual_seed(0)
     assert torch.allclose(state["model"]["weight"], torch.nn.Linear(64, 64).weight + 2.0)
 
 
 def test_same_path_with_other_bytes_is_never_committed(
-    tmp_path: Path, hosts: list[Path]
+    tmp_path: Path, hosts: list[Path], store: tuple[str, StoreView]
 ) -> None:
     """Both hosts save config.json with different bytes: the second to store it fails the
     checkpoint loudly (checkpoint_parts_disagree), the first's file is not overwritten, and
     no manifest is written."""
     dcp_job(tmp_path, steps=1, env={"DCP_CONFIG_PER_RANK": "1"})
-    store = tmp_path / "store" / "exp" / "checkpoint-1"
+    view = store[1]
     first = start(hosts[0], 0)
     second = None
     try:
@@ -158,11 +168,13 @@ def test_same_path_with_other_bytes_is_never_committed(
         first.kill()
         if second is not None:
             second.kill()
-    assert json.loads((store / "config.json").read_text()) == {"step": 1, "rank": 0}
-    assert not (store / MANIFEST_NAME).exists()
+    assert json.loads(view.read("checkpoint-1", "config.json") or b"") == {"step": 1,
+                                                                            "rank": 0}
+    assert view.read("checkpoint-1", MANIFEST_NAME) is None
     assert (tmp_path / "node1" / "out" / "checkpoint-1" / "config.json").exists()
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)
 def test_host_killed_while_waiting_commits_after_restart(
     tmp_path: Path, hosts: list[Path]
 ) -> None:
@@ -191,7 +203,7 @@ def test_host_killed_while_waiting_commits_after_restart(
 
 
 def test_only_node_0_prunes_the_store_and_no_part_is_left(
-    tmp_path: Path, hosts: list[Path]
+    tmp_path: Path, hosts: list[Path], store: tuple[str, StoreView]
 ) -> None:
     """With keep_last = 1 the store ends with the newest checkpoint alone, no other tag's
     part or claim left behind; node 0 alone deletes from the store, and every host prunes
@@ -199,14 +211,14 @@ def test_only_node_0_prunes_the_store_and_no_part_is_left(
     dcp_job(tmp_path, steps=3)
     keep = {"TRAIND_RETENTION__KEEP_LAST": "1", "TRAIND_RETENTION__KEEP_LOCAL": "1"}
     daemons = [start(cfg, rank, env=keep) for rank, cfg in enumerate(hosts)]
-    store = tmp_path / "store" / "exp"
+    view = store[1]
     try:
         for daemon in daemons:
             event(daemon, "checkpoint_committed", "checkpoint-3")
         deadline = time.monotonic() + 60
-        while sorted(p.name for p in store.iterdir()) != ["checkpoint-3"]:
-            assert time.monotonic() < deadline, sorted(p.name for p in store.iterdir())
-            time.sleep(0.2)
+        while view.tags() != ["checkpoint-3"]:
+            assert time.monotonic() < deadline, view.tags()
+            time.sleep(0.5)
         for rank in range(len(daemons)):
             out = tmp_path / f"node{rank}" / "out"
             while sorted(p.name for p in out.iterdir()) != ["checkpoint-3"]:

@@ -25,9 +25,11 @@ from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError, IntegrityError, StorageError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.layout.manifest import Manifest, Writer, listed
+from traind.layout.parts import Part
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import Lease, check_committed
 from traind.storage.s3 import claim as s3_claim
+from traind.storage.s3 import parts as s3_parts
 from traind.storage.s3.buffers import BufferPool, TokenBucket
 from traind.storage.s3.client import Ops, open_client, target_of
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
@@ -117,6 +119,8 @@ class S3Backend:
             raise conflict from None
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, await self._read_manifest(ops, tag), self._where(tag))
+            if (holder := await s3_parts.any_part_claim(ops, base)) is not None:  # a job's
+                raise ConflictError(tag, str(writer), str(holder), self._where(tag))
         except StorageError:
             await ops.call("delete_object", base + CLAIM_NAME)
             raise
@@ -140,6 +144,35 @@ class S3Backend:
         return await s3_claim.take_over(
             ops, base, stale, writer, await self._honours_conditional(ops),
             lambda keys: self._delete_batch(ops, base, keys))
+
+    async def claim_part(self, tag: str, rank: int, writer: Writer) -> None:
+        ops = await self._client()
+        await s3_parts.claim_part(ops, self._key(tag), tag, rank, writer,
+                                  await self._honours_conditional(ops), self._where(tag))
+
+    async def part_claim(self, tag: str, rank: int) -> Writer | None:
+        return await s3_parts.part_claim(await self._client(), self._key(tag), rank)
+
+    async def upload_part(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        todo = await s3_parts.keep_stored(await self._client(), self._key(tag), tag, root,
+                                          files, session, self._where(tag))
+        if todo:
+            await self.upload(tag, root, todo, session)
+
+    async def commit_part(self, part: Part) -> None:
+        await s3_parts.commit_part(await self._client(), self._key(part.tag), part)
+
+    async def part_ranks(self, tag: str) -> set[int]:
+        return await s3_parts.part_ranks(await self._client(), self._key(tag))
+
+    async def parts(self, tag: str) -> list[Part]:
+        return await s3_parts.parts(await self._client(), self._key(tag),
+                                    self._config.concurrency)
+
+    async def committed(self, tag: str) -> Manifest | None:
+        return await self._read_manifest(await self._client(), check_tag(tag))
 
     async def commit(self, manifest: Manifest) -> None:
         ops = await self._client()

@@ -23,7 +23,7 @@ import asyncssh
 import structlog
 
 from traind.config import SSHStorage
-from traind.errors import IntegrityError, StorageError, TransientStorageError
+from traind.errors import ConflictError, IntegrityError, StorageError, TransientStorageError
 from traind.layout.keys import (
     CLAIM_NAME,
     MANIFEST_NAME,
@@ -32,8 +32,17 @@ from traind.layout.keys import (
     check_tag,
 )
 from traind.layout.manifest import FileEntry, Manifest, Writer, listed
+from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name
 from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import Lease, check_committed, check_held, check_lease, is_claim_file
+from traind.storage.claim import (
+    Lease,
+    check_claim,
+    check_committed,
+    check_held,
+    check_lease,
+    is_claim_file,
+)
+from traind.storage.ssh import parts as ssh_parts
 from traind.storage.ssh import rsync as ssh_rsync
 from traind.storage.ssh.errors import translate
 from traind.storage.ssh.link import SSHLink
@@ -137,6 +146,11 @@ class SSHBackend:
         try:  # committed by a traind from before claims: a manifest without a claim
             check_committed(tag, writer, Manifest.from_json(data) if data else None,
                             self._where(base))
+            holder = await self._link.call(f"claim {base}",
+                                           lambda sftp: ssh_parts.any_part_claim(sftp, base))
+            if holder is not None:  # a multi-node job's tag
+                raise ConflictError(tag, str(writer), str(Writer.from_json(holder)),
+                                    self._where(base))
         except StorageError:
             await self._link.call(f"unclaim {base}", lambda sftp: remove(sftp, path))
             raise
@@ -187,6 +201,78 @@ class SSHBackend:
             return True
 
         return await self._link.call(f"take over {base}", op)
+
+    async def claim_part(self, tag: str, rank: int, writer: Writer) -> None:
+        """Create node ``rank``'s part claim exclusively, or find it ``writer``'s already."""
+        base = self._tag_dir(tag)
+        path = posixpath.join(base, part_claim_name(rank))
+        found, whole = await self._link.call(
+            f"claim {path}", lambda sftp: ssh_parts.claim_part(sftp, base, rank, writer))
+        if found == b"":  # pruned meanwhile: the next attempt finds it free
+            raise TransientStorageError(f"{tag}: the part claim {self._where(path)} vanished")
+        if found is not None:
+            check_claim(tag, writer, Writer.from_json(found), self._where(path))
+        if whole is not None:
+            raise ConflictError(tag, str(writer), str(Writer.from_json(whole)),
+                                self._where(posixpath.join(base, CLAIM_NAME)))
+
+    async def part_claim(self, tag: str, rank: int) -> Writer | None:
+        """Who holds node ``rank``'s part of ``tag``, or None."""
+        path = posixpath.join(self._tag_dir(tag), part_claim_name(rank))
+        data = await self._link.call(f"read {path}", lambda sftp: read_bytes(sftp, path))
+        return Writer.from_json(data) if data is not None else None
+
+    async def upload_part(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        """Send each file under a name of its own and link it into place (SFTP or the
+        openssh mode; rsync's runs cannot refuse a stored file), keeping a file another
+        host stored with the same bytes; PartsDisagreeError when its bytes differ."""
+        base = self._tag_dir(tag)
+        remote = {f.path: posixpath.join(base, check_relpath(f.path)) for f in files}
+        dirs = parents([*remote.values(), posixpath.join(base, MANIFEST_NAME)])
+        await self._link.call(f"create {base}", lambda sftp: makedirs(sftp, dirs))
+        limit = asyncio.Semaphore(self._config.concurrency)
+
+        async def one(f: LocalFile) -> None:
+            target, staged = remote[f.path], ssh_parts.staged_name(remote[f.path])
+            async with limit:
+                _, sha = await self._put(root / f.path, staged, f.size, session.advance)
+                there = await self._link.call(
+                    f"store {target}", lambda sftp: ssh_parts.link_once(sftp, staged, target))
+            if there is not None and there != sha:
+                raise PartsDisagreeError(
+                    f"{tag}: {f.path} in the store ({self._where(target)}) differs from this "
+                    f"host's (sha256 {there[:12]}… != {sha[:12]}…); another node saved other "
+                    "bytes under the same path")
+            await session.file_done(f.path, sha)
+
+        async with task_group() as tg:
+            for f in files:
+                tg.create_task(one(f))
+
+    async def commit_part(self, part: Part) -> None:
+        """Write ``part``'s manifest beside its files."""
+        path = posixpath.join(self._tag_dir(part.tag), part_name(part.node_rank))
+        data = part.to_json()
+        await self._link.call(f"store {path}", lambda sftp: write_bytes(sftp, path, data))
+
+    async def part_ranks(self, tag: str) -> set[int]:
+        """The node ranks whose part manifest of ``tag`` is stored: one directory listing."""
+        base = self._tag_dir(tag)
+        return await self._link.call(f"list {base}",
+                                     lambda sftp: ssh_parts.part_ranks(sftp, base))
+
+    async def parts(self, tag: str) -> list[Part]:
+        """Every part manifest stored for ``tag``."""
+        base = self._tag_dir(tag)
+        return await self._link.call(f"list {base}", lambda sftp: ssh_parts.parts(sftp, base))
+
+    async def committed(self, tag: str) -> Manifest | None:
+        """The manifest of ``tag`` when it is committed (one small read)."""
+        path = posixpath.join(self._tag_dir(tag), MANIFEST_NAME)
+        data = await self._link.call(f"read {path}", lambda sftp: read_bytes(sftp, path))
+        return Manifest.from_json(data) if data is not None else None
 
     async def commit(self, manifest: Manifest) -> None:
         """Create the manifest exclusively (written whole, then linked): now the checkpoint

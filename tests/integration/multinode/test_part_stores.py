@@ -1,0 +1,307 @@
+"""Every PartStore against its real store — a local directory, SeaweedFS over S3 (with
+conditional writes and with the listing fallback) and OpenSSH's sshd over SFTP (and the
+openssh and rsync transfers): part claims per node rank, files never stored over another host's,
+part manifests, the union committed, and nothing of a pruned checkpoint left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+from tests.support.requires import need_binary, need_module
+from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
+from tests.support.sshd import HOST, SSHServer
+
+from traind.checkpoints.identity import RunIdentity
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
+from traind.checkpoints.watcher import StageResult
+from traind.config import LocalStorage, S3Storage, SSHStorage
+from traind.errors import ConflictError
+from traind.layout.manifest import FileEntry, Manifest, Writer
+from traind.layout.parts import Part, PartsDisagreeError, union
+from traind.nodes import NodeRank
+from traind.storage import LocalFile, PartStore, Storage
+from traind.storage.local import LocalBackend
+
+W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
+TAG = "checkpoint-4"
+KINDS = ["local", "s3", "s3-listed", "ssh", "ssh-openssh", "ssh-rsync"]
+
+
+class Backend(Storage, PartStore, Protocol):
+    """What every store here is: a Storage that stores parts."""
+
+
+class Session:
+    """Records what the backend reports stored."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, str] = {}
+
+    def advance(self, nbytes: int) -> None:
+        return None
+
+    async def file_done(self, path: str, sha256: str) -> None:
+        self.done[path] = sha256
+
+    async def load_state(self, path: str) -> str | None:
+        return None
+
+    async def save_state(self, path: str, state: str) -> None:
+        return None
+
+
+@dataclass
+class Stores:
+    """Backends of one store for several hosts, and what the store holds under a tag."""
+
+    make: Callable[[], Backend]
+    names: Callable[[str], list[str]]
+    """Every object or file name under ``<run>/<tag>/``, sorted (claims included)."""
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """One SeaweedFS for the S3 cases of this module."""
+    need_module("aiobotocore")
+    with running_seaweed(need_binary("weed"), tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
+    """One sshd for the SSH cases of this module."""
+    need_module("asyncssh")
+    server = SSHServer(need_binary("sshd"), tmp_path_factory.mktemp("sshd"))
+    server.start_sync()
+    try:
+        yield server
+    finally:
+        server.stop_sync()
+
+
+@pytest.fixture(params=KINDS)
+async def stores(request: pytest.FixtureRequest, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stores]:
+    """Backends of a fresh store of the parameter's kind, closed after the test."""
+    kind = str(request.param)
+    made: list[Backend] = []
+    names: Callable[[str], list[str]]
+    build: Callable[[], Any]
+    if kind == "local":
+        config_l = LocalStorage(path=tmp_path / "store")
+        build = functools.partial(LocalBackend, config_l, "run")
+        names = functools.partial(_tree, tmp_path / "store" / "run")
+    elif kind.startswith("s3"):
+        from traind.storage.s3.backend import S3Backend
+
+        server: SeaweedS3 = request.getfixturevalue("seaweed")
+        monkeypatch.setenv("TRAIND_S3_CONDITIONAL", "0" if kind == "s3-listed" else "1")
+        bucket = f"t-{uuid.uuid4().hex[:12]}"
+        server.create_bucket(bucket)
+        config_s = s3_config(server.endpoint, bucket)
+        build = functools.partial(S3Backend, config_s, "run")
+        names = functools.partial(_keys, server, bucket)
+    else:
+        from traind.storage.ssh.backend import SSHBackend
+
+        sshd: SSHServer = request.getfixturevalue("sshd")
+        transfer = kind.removeprefix("ssh").removeprefix("-") or "sftp"
+        for tool in {"openssh": ["ssh"], "rsync": ["rsync", "ssh"]}.get(transfer, []):
+            need_binary(tool)
+        config_h = SSHStorage.model_validate({
+            "type": "ssh", "host": HOST, "port": sshd.port, "user": sshd.user,
+            "identity_file": sshd.user_key.path, "known_hosts": sshd.known_hosts,
+            "remote_path": str(tmp_path / "remote"), "connect_timeout": 5, "retries": 3,
+            "backoff_initial": 0.05, "backoff_max": 0.5, "transfer": transfer})
+        build = functools.partial(SSHBackend, config_h, "run")
+        names = functools.partial(_tree, tmp_path / "remote" / "run")
+
+    def make() -> Backend:
+        backend: Backend = build()
+        made.append(backend)
+        return backend
+
+    yield Stores(make, names)
+    async with asyncio.timeout(20):
+        for backend in made:
+            await backend.aclose()
+
+
+def s3_config(endpoint: str, bucket: str, **overrides: Any) -> S3Storage:
+    """A config for ``bucket`` at ``endpoint`` (fast retries, for tests)."""
+    return S3Storage.model_validate({
+        "type": "s3", "bucket": bucket, "prefix": "ckpts", "endpoint_url": endpoint,
+        "region": REGION, "addressing_style": "path", "access_key_id": ACCESS_KEY,
+        "secret_access_key": SECRET_KEY, "retries": 4, "retry_max_delay": 0.5,
+        "connect_timeout": 2.0, "read_timeout": 10.0, **overrides})
+
+
+def _tree(run_dir: Path, tag: str) -> list[str]:
+    root = run_dir / tag
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) \
+        if root.is_dir() else []
+
+
+def _keys(server: SeaweedS3, bucket: str, tag: str) -> list[str]:
+    prefix = f"ckpts/run/{tag}/"
+    client = server.client()
+    try:
+        page = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+        return sorted(str(o["Key"])[len(prefix):] for o in page.get("Contents", []))
+    finally:
+        client.close()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def part(rank: int, files: dict[str, bytes], writer: Writer) -> Part:
+    """Node ``rank``'s part of TAG in a two-node job, listing ``files``."""
+    entries = tuple(FileEntry(p, len(d), sha(d)) for p, d in sorted(files.items()))
+    return Part("run", TAG, 4, rank, 2, writer, entries)
+
+
+async def send(backend: Backend, root: Path, files: dict[str, bytes]) -> Session:
+    """Write ``files`` under ``root`` and upload them as a part of TAG."""
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    session = Session()
+    async with asyncio.timeout(60):
+        await backend.upload_part(TAG, root, [LocalFile(p, len(d)) for p, d in files.items()],
+                                  session)
+    return session
+
+
+async def test_each_rank_claims_its_own_part(stores: Stores) -> None:
+    """Two hosts claim ranks 0 and 1 of one tag; a second writer for a rank is refused, a
+    retried claim by its holder is not, and part_claim names each holder."""
+    host0, host1, other = stores.make(), stores.make(), stores.make()
+    async with asyncio.timeout(60):
+        await host0.claim_part(TAG, 0, W0)
+        await host1.claim_part(TAG, 1, W1)
+        await host1.claim_part(TAG, 1, W1)
+        with pytest.raises(ConflictError, match="belongs to writer 111111111111@node1"):
+            await other.claim_part(TAG, 1, OTHER)
+        assert await other.part_claim(TAG, 0) == W0
+        assert await other.part_claim(TAG, 1) == W1
+        assert await other.part_claim(TAG, 2) is None
+    claims = [n for n in stores.names(TAG) if not n.startswith("traind-claims-")]
+    assert claims == ["traind-writer-0.json", "traind-writer-1.json"]  # S3's listing: claimants
+
+
+async def test_single_writer_and_parts_never_share_a_tag(stores: Stores) -> None:
+    """A traind of one node cannot take a job's tag, nor a job's host one a single writer
+    took; the refused claim leaves nothing behind."""
+    host0, single = stores.make(), stores.make()
+    async with asyncio.timeout(60):
+        await host0.claim_part(TAG, 0, W0)
+        with pytest.raises(ConflictError):
+            await single.claim(TAG, OTHER)
+        assert [n for n in stores.names(TAG) if "claims" not in n] == ["traind-writer-0.json"]
+        await single.claim("checkpoint-5", OTHER)
+        with pytest.raises(ConflictError):
+            await host0.claim_part("checkpoint-5", 1, W1)
+    assert "traind-writer-1.json" not in stores.names("checkpoint-5")
+
+
+async def test_same_path_is_stored_once_and_never_overwritten(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """The same relative path from three hosts: equal bytes are kept as stored, other bytes
+    are refused (PartsDisagreeError) and the stored file is left untouched, with no
+    temporary file left in the store."""
+    hosts = [stores.make() for _ in range(3)]
+    first = await send(hosts[0], tmp_path / "a", {"config.json": b"same", "__0_0.distcp": b"0"})
+    again = await send(hosts[1], tmp_path / "b", {"config.json": b"same", "__1_0.distcp": b"1"})
+    assert first.done["config.json"] == again.done["config.json"] == sha(b"same")
+    assert set(again.done) == {"config.json", "__1_0.distcp"}
+    with pytest.raises(PartsDisagreeError, match=r"config\.json in the store"):
+        await send(hosts[2], tmp_path / "c", {"config.json": b"diff"})
+    with pytest.raises(PartsDisagreeError, match=r"config\.json in the store"):
+        await send(hosts[2], tmp_path / "d", {"config.json": b"other length"})
+    assert stores.names(TAG) == ["__0_0.distcp", "__1_0.distcp", "config.json"]
+    manifest = Manifest("run", TAG, 4, (FileEntry("config.json", 4, sha(b"same")),))
+    async with asyncio.timeout(60):
+        got = await hosts[2].download(manifest, tmp_path / "restored", lambda n: None)
+    assert got == {"config.json": sha(b"same")}
+
+
+async def test_parts_committed_as_their_union_then_deleted_whole(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """Part manifests are listed by rank and read back as stored; the union committed by the
+    last host is what ``committed`` reads on the other; deleting the checkpoint leaves no
+    part, claim or file of it."""
+    host0, host1 = stores.make(), stores.make()
+    files0 = {"__0_0.distcp": b"zero", ".metadata": b"meta", "config.json": b"{}"}
+    files1 = {"__1_0.distcp": b"one", "config.json": b"{}"}
+    part0, part1 = part(0, files0, W0), part(1, files1, W1)
+    async with asyncio.timeout(90):
+        assert await host0.part_ranks(TAG) == set()
+        await host0.claim_part(TAG, 0, W0)
+        await send(host0, tmp_path / "a", files0)
+        await host0.commit_part(part0)
+        assert await host0.part_ranks(TAG) == {0}
+        assert await host1.committed(TAG) is None
+        await host1.claim_part(TAG, 1, W1)
+        await send(host1, tmp_path / "b", files1)
+        await host1.commit_part(part1)
+        assert await host1.part_ranks(TAG) == {0, 1}
+        stored = sorted(await host1.parts(TAG), key=lambda p: p.node_rank)
+        assert stored == [part0, part1]
+        whole = union(TAG, stored, 2, W1)
+        assert isinstance(whole, Manifest)
+        await host1.commit(whole)
+        assert await host0.committed(TAG) == whole
+        assert [m.tag for m in await host0.manifests()] == [TAG]
+        await host0.delete(TAG)
+        assert await host1.part_ranks(TAG) == set()
+        assert await host1.part_claim(TAG, 0) is None
+        assert await host1.committed(TAG) is None
+    assert stores.names(TAG) == []
+
+
+async def staged_host(tmp_path: Path, rank: int, backend: Backend) -> tuple[Streamer, Journal]:
+    """Host ``rank`` of a two-node job with its own part of TAG (one DCP file) staged."""
+    src = tmp_path / f"out{rank}" / TAG
+    src.mkdir(parents=True)
+    (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
+    journal = Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
+                      RunIdentity("run", src.parent, backend.describe))
+    streamer = Streamer("run", tmp_path / f"state{rank}", backend, journal,
+                        node=NodeRank(rank, 2, "test"))
+    assert await streamer.stage(TAG, 4, src) is StageResult.STAGED
+    return streamer, journal
+
+
+async def test_part_pruned_while_waiting_leaves_no_orphan(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """Through the streamer: the host whose part waited learns of the commit, and once
+    node 0 pruned the checkpoint, claims nothing again: no orphan part in the store."""
+    hosts = [await staged_host(tmp_path, rank, stores.make()) for rank in (0, 1)]
+    try:
+        async with asyncio.timeout(90):
+            with pytest.raises(PartsPendingError):
+                await hosts[1][0].commit(TAG)
+            committed = await hosts[0][0].commit(TAG)  # the last part in: the union
+            assert sorted(f.path for f in committed.files) == ["__0_0.distcp",
+                                                               "__1_0.distcp"]
+            await hosts[0][0].storage.delete(TAG)  # node 0's retention
+            with pytest.raises(PartsGoneError):
+                await hosts[1][0].commit(TAG)
+    finally:
+        for _, journal in hosts:
+            journal.close()
+    assert stores.names(TAG) == []
