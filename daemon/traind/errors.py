@@ -31,12 +31,47 @@ class ConfigError(TraindError):
         super().__init__(f"{len(problems)} problem(s){where}:\n{lines}")
 
 
+_MISSING = frozenset({"NoSuchKey", "NoSuchUpload", "NotFound", "404", "FX_NO_SUCH_FILE", "ENOENT"})
+"""Codes saying the object, upload or file asked for is not there."""
+
+
 class StorageError(TraindError):
     """The storage backend failed."""
+
+    transient = False
+    """Whether retrying may succeed: True for every TransientStorageError."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: str = "",
+        status: int | None = None,
+        key: str | None = None,
+        op: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        """The store's name for the failure, "" if none: an S3 error code (``NoSuchKey``;
+        ``404`` for a bodiless HEAD answer), an SFTP status (``FX_NO_SUCH_FILE``) or the errno
+        of local file work (``ENOENT``)."""
+        self.status = status
+        """The HTTP status of the store's answer (S3), None without one."""
+        self.key = key
+        """The object key or path the operation was on, None for the whole store."""
+        self.op = op
+        """The operation that failed (``get_object``, ``upload /remote/path``, ``read``)."""
+
+    @property
+    def missing(self) -> bool:
+        """Whether it failed because the object, upload or file is not there."""
+        return self.code in _MISSING
 
 
 class TransientStorageError(StorageError):
     """The storage backend failed in a way that may pass; the operation can be retried."""
+
+    transient = True
 
 
 class NotFoundError(StorageError):

@@ -26,7 +26,7 @@ from traind.storage.base import UploadSession
 from traind.storage.fileio import SharedFd, hash_file
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct
-from traind.storage.s3_errors import error_code, retrying
+from traind.storage.s3_errors import retrying
 from traind.storage.s3_io import BufferPool, TokenBucket, new_digest, read_part
 from traind.storage.tasks import task_group
 
@@ -257,7 +257,7 @@ class Uploader:
                     "list_parts", state.key, UploadId=state.upload_id, PartNumberMarker=marker
                 )
             except StorageError as exc:
-                if error_code(exc.__cause__ or exc) in {"NoSuchUpload", "404"}:
+                if exc.missing:
                     return None
                 raise
             for part in resp.get("Parts", []):
@@ -282,7 +282,7 @@ class Uploader:
             )
         except StorageError as exc:
             # A retry after a lost response finds the upload already completed.
-            if error_code(exc.__cause__ or exc) != "NoSuchUpload":
+            if exc.code != "NoSuchUpload":
                 raise
             if not await self._already_complete(state):
                 raise
@@ -294,7 +294,7 @@ class Uploader:
         try:
             head = await self._ops.call("head_object", state.key)
         except StorageError as exc:
-            if error_code(exc.__cause__ or exc) in {"404", "NoSuchKey", "NotFound"}:
+            if exc.missing:
                 return False
             raise
         etag = str(head.get("ETag", "")).strip('"')
@@ -304,7 +304,7 @@ class Uploader:
         try:
             await self._ops.call("abort_multipart_upload", key, UploadId=upload_id)
         except StorageError as exc:
-            if error_code(exc.__cause__ or exc) not in {"NoSuchUpload", "404"}:
+            if not exc.missing:
                 raise
 
     async def _throttle(self, nbytes: int) -> None:

@@ -27,6 +27,7 @@ from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
 from traind.storage.fileio import StagedWriter, create, hash_file
 from traind.storage.local import PART_SUFFIX
+from traind.storage.ssh_errors import sftp_error
 
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash
@@ -271,12 +272,10 @@ class SFTPPipe:
             raise self._error(action, code, message)
 
     def _error(self, action: str, code: int, message: str) -> StorageError:
-        where = f"{self._where}: {action}"
-        if code in {wire.Status.NO_CONNECTION, wire.Status.CONNECTION_LOST}:
-            return ConnectionLost(f"{where}: connection lost: {message}")
-        if code == wire.Status.PERMISSION_DENIED:
-            return StorageError(f"{where}: permission denied on the remote host: {message}")
-        return StorageError(f"{where}: remote error: {message}")
+        error = sftp_error(self._where, action, code, message)
+        if error.transient:  # ssh's stderr may say why: see OpenSSHTransfer
+            return ConnectionLost(str(error), code=error.code, op=error.op)
+        return error
 
     def _id(self) -> int:
         self._last_id = (self._last_id + 1) & 0xFFFFFFFF
