@@ -6,6 +6,7 @@ boundary where they happen, with the original kept as ``__cause__``.
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -72,6 +73,16 @@ class TransientStorageError(StorageError):
     """The storage backend failed in a way that may pass; the operation can be retried."""
 
     transient = True
+
+
+def os_error(exc: OSError, action: str, path: object = None) -> StorageError:
+    """The (not retried) StorageError for local file work that failed: ``cannot <action>
+    <path>: <reason>``, the errno's name as its code (``path`` defaults to the OSError's)."""
+    where = path if path is not None else exc.filename
+    code = errno.errorcode.get(exc.errno, "") if exc.errno is not None else ""
+    at = "" if where is None else f" {where}"
+    return StorageError(f"cannot {action}{at}: {exc.strerror or exc}", code=code,
+                        key=None if where is None else str(where), op=action)
 
 
 class NotFoundError(StorageError):

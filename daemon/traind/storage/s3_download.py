@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from traind.errors import IntegrityError, StorageError
-from traind.storage.fileio import SharedFd, create, trim, write_at
+from traind.errors import IntegrityError
+from traind.storage.fileio import SharedFd, create, local_errors, trim, write_at
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct
 from traind.storage.s3_errors import retrying
@@ -131,7 +131,7 @@ async def fetch_file(
     are received by ``direct`` when given (``s3_direct``), else through aiobotocore; one GET
     per buffer taken from ``pool`` at a time.
     """
-    try:
+    with local_errors("write", target):
         asm = await asyncio.to_thread(Assembler.create, target, size)
         try:
             async with task_group() as tg:
@@ -143,10 +143,6 @@ async def fetch_file(
             return await asyncio.to_thread(asm.finish)
         finally:
             asm.close()
-    except OSError as exc:
-        if isinstance(exc, ConnectionError):
-            raise
-        raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
 
 
 async def _fetch_range(

@@ -23,7 +23,7 @@ import structlog
 
 from traind.errors import StorageError
 from traind.storage.base import UploadSession
-from traind.storage.fileio import SharedFd, hash_file
+from traind.storage.fileio import SharedFd, hash_file, local_errors
 from traind.storage.s3_client import Ops
 from traind.storage.s3_direct import Direct
 from traind.storage.s3_errors import retrying
@@ -115,14 +115,10 @@ class Uploader:
 
     async def file(self, key: str, path: Path, rel: str, size: int, session: UploadSession) -> str:
         """Store ``path`` at ``key``; return its sha256 once the object is durable."""
-        try:
+        with local_errors("read", path):
             if size <= self._part_size:
                 return await self._single(key, path, size, session)
             return await self._multipart(key, path, rel, size, session)
-        except OSError as exc:
-            if isinstance(exc, ConnectionError):
-                raise
-            raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
     async def _single(self, key: str, path: Path, size: int, session: UploadSession) -> str:
         buf = await self._pool.acquire(size)

@@ -185,7 +185,7 @@ def test_replies_out_of_order_are_written_where_they_belong(
 
 def test_errors_carry_the_sftp_status_and_errno(servers: Servers, tmp_path: Path) -> None:
     """A missing remote file carries FX_NO_SUCH_FILE (``missing``), a refusal
-    FX_PERMISSION_DENIED: callers read facts, not messages."""
+    FX_PERMISSION_DENIED, a missing local file ENOENT and its path: callers read facts."""
     (tmp_path / "local.bin").write_bytes(b"x")
     pipe = servers.start("-P", "write")
     pipe.handshake()
@@ -197,3 +197,7 @@ def test_errors_carry_the_sftp_status_and_errno(servers: Servers, tmp_path: Path
     with pytest.raises(StorageError) as refused:
         pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"), lambda n: None)
     assert (refused.value.code, refused.value.missing) == ("FX_PERMISSION_DENIED", False)
+    with pytest.raises(StorageError) as gone:
+        pipe.put(tmp_path / "gone.bin", str(tmp_path / "remote.bin"), lambda n: None)
+    assert (gone.value.code, gone.value.key, gone.value.op) == (
+        "ENOENT", str(tmp_path / "gone.bin"), "read")
