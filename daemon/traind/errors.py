@@ -126,6 +126,23 @@ class IntegrityError(StorageError):
     """Data does not match its manifest (size or sha256)."""
 
 
+class JournalError(TraindError):
+    """The journal database (journal.sqlite3 in run.state_dir) failed."""
+
+    def __init__(self, message: str, path: object, code: str = "") -> None:
+        super().__init__(f"the journal {path}: {message}")
+        self.path = path
+        """The database file."""
+        self.code = code
+        """SQLite's name for the failure (``SQLITE_FULL``, ``SQLITE_IOERR_WRITE``), "" if none."""
+
+    @property
+    def full(self) -> bool:
+        """Whether it failed for lack of space: SQLITE_FULL, or an I/O error (which is what a
+        failed write of the WAL or its index reports)."""
+        return self.code == "SQLITE_FULL" or self.code.startswith("SQLITE_IOERR")
+
+
 class UnsafePathError(TraindError, ValueError):
     """A tag or relative path is not safe to use as a storage key."""
 
