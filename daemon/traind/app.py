@@ -17,7 +17,6 @@ from pathlib import Path
 import structlog
 
 from traind import config
-from traind.backoff import doubling
 from traind.checkpoints import pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
@@ -29,6 +28,7 @@ from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.layout.manifest import Manifest
 from traind.observe import Observer
 from traind.reload import plan_reload
+from traind.retry import Backoff, retrying
 from traind.status import locate
 from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
@@ -258,20 +258,18 @@ class Daemon:
         """The store's manifests, asked for with capped backoff until the store answers; a
         permanent error is raised. ``first`` counts the failures already reported."""
         failures = first
-        while True:
-            if failures:
-                await asyncio.sleep(doubling(failures - 1, *_STORE_RETRY))
-            try:
-                manifests = await self.storage.manifests()
-            except TransientStorageError as exc:
-                failures += 1
-                log.error("store_unreachable", backend=self.storage.describe,
-                          error=str(exc), retry_in=doubling(failures - 1, *_STORE_RETRY),
-                          hint=hint)
-                continue
-            if failures:
-                log.info("store_reachable", backend=self.storage.describe, failures=failures)
-            return manifests
+
+        def unreachable(exc: BaseException, n: int, delay: float) -> None:
+            nonlocal failures
+            failures = n
+            log.error("store_unreachable", backend=self.storage.describe, error=str(exc),
+                      retry_in=delay, hint=hint)
+
+        manifests = await retrying(self.storage.manifests, Backoff(*_STORE_RETRY), None,
+                                   on_retry=unreachable, failed=first)
+        if failures:
+            log.info("store_reachable", backend=self.storage.describe, failures=failures)
+        return manifests
 
     async def _stream(self) -> None:
         """The upload loop. When the trainer started without the store, the store is first

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import signal
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -20,7 +19,7 @@ import structlog
 from structlog.typing import Processor
 
 from traind import __version__, config, logs
-from traind.errors import ConfigError, TraindError
+from traind.errors import ConfigError, JournalError, TraindError
 from traind.launch.cli import add_launch_parser
 from traind.launch.cli import handle as _launch
 
@@ -234,13 +233,10 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _expected(exc: BaseException) -> bool:
-    """Whether ``exc`` is an ordinary failure to report in one line: traind's own errors, an
-    error the OS reported (it has an errno), or a journal database that cannot be used."""
-    return (
-        isinstance(exc, TraindError)
-        or (isinstance(exc, OSError) and exc.errno is not None)
-        or type(exc) in (sqlite3.DatabaseError, sqlite3.OperationalError)
-    )
+    """Whether ``exc`` is an ordinary failure to report in one line: traind's own errors
+    (a journal that cannot be used among them), or an error the OS reported (it has an
+    errno)."""
+    return isinstance(exc, TraindError) or (isinstance(exc, OSError) and exc.errno is not None)
 
 
 def _explain(exc: BaseException, command: str) -> str:
@@ -251,8 +247,8 @@ def _explain(exc: BaseException, command: str) -> str:
         paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
         where = f"{paths}: " if paths else ""
         return f"{command} failed: {where}{exc.strerror or exc}"
-    if isinstance(exc, sqlite3.Error):
-        return f"{command} failed: the journal (journal.sqlite3 in run.state_dir): {exc}"
+    if isinstance(exc, JournalError):
+        return f"{command} failed: {exc}"
     return str(exc)
 
 

@@ -6,6 +6,7 @@ boundary where they happen, with the original kept as ``__cause__``.
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,12 +32,57 @@ class ConfigError(TraindError):
         super().__init__(f"{len(problems)} problem(s){where}:\n{lines}")
 
 
+_MISSING = frozenset({"NoSuchKey", "NoSuchUpload", "NotFound", "404", "FX_NO_SUCH_FILE", "ENOENT"})
+"""Codes saying the object, upload or file asked for is not there."""
+
+
 class StorageError(TraindError):
     """The storage backend failed."""
+
+    transient = False
+    """Whether retrying may succeed: True for every TransientStorageError."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: str = "",
+        status: int | None = None,
+        key: str | None = None,
+        op: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        """The store's name for the failure, "" if none: an S3 error code (``NoSuchKey``;
+        ``404`` for a bodiless HEAD answer), an SFTP status (``FX_NO_SUCH_FILE``) or the errno
+        of local file work (``ENOENT``)."""
+        self.status = status
+        """The HTTP status of the store's answer (S3), None without one."""
+        self.key = key
+        """The object key or path the operation was on, None for the whole store."""
+        self.op = op
+        """The operation that failed (``get_object``, ``upload /remote/path``, ``read``)."""
+
+    @property
+    def missing(self) -> bool:
+        """Whether it failed because the object, upload or file is not there."""
+        return self.code in _MISSING
 
 
 class TransientStorageError(StorageError):
     """The storage backend failed in a way that may pass; the operation can be retried."""
+
+    transient = True
+
+
+def os_error(exc: OSError, action: str, path: object = None) -> StorageError:
+    """The (not retried) StorageError for local file work that failed: ``cannot <action>
+    <path>: <reason>``, the errno's name as its code (``path`` defaults to the OSError's)."""
+    where = path if path is not None else exc.filename
+    code = errno.errorcode.get(exc.errno, "") if exc.errno is not None else ""
+    at = "" if where is None else f" {where}"
+    return StorageError(f"cannot {action}{at}: {exc.strerror or exc}", code=code,
+                        key=None if where is None else str(where), op=action)
 
 
 class NotFoundError(StorageError):
@@ -78,6 +124,23 @@ class ClaimHeldError(ConflictError):
 
 class IntegrityError(StorageError):
     """Data does not match its manifest (size or sha256)."""
+
+
+class JournalError(TraindError):
+    """The journal database (journal.sqlite3 in run.state_dir) failed."""
+
+    def __init__(self, message: str, path: object, code: str = "") -> None:
+        super().__init__(f"the journal {path}: {message}")
+        self.path = path
+        """The database file."""
+        self.code = code
+        """SQLite's name for the failure (``SQLITE_FULL``, ``SQLITE_IOERR_WRITE``), "" if none."""
+
+    @property
+    def full(self) -> bool:
+        """Whether it failed for lack of space: SQLITE_FULL, or an I/O error (which is what a
+        failed write of the WAL or its index reports)."""
+        return self.code == "SQLITE_FULL" or self.code.startswith("SQLITE_IOERR")
 
 
 class UnsafePathError(TraindError, ValueError):

@@ -7,11 +7,13 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import OLD_JOURNAL_SCHEMA
 
 from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.checkpoints.journal import Journal, StagedFile
+from traind.errors import JournalError, TraindError
 from traind.storage import LocalFile
 
 STORE_A = "local:/store/a"
@@ -166,3 +168,30 @@ def test_old_journal_is_migrated_and_claimed_only_by_its_run(tmp_path: Path) -> 
     finally:
         db.close()
     assert legacy == {"checkpoint-3", "checkpoint-4"}
+
+
+def test_sqlite_errors_are_journal_errors(tmp_path: Path) -> None:
+    """SQLite's errors reach callers as JournalError (under TraindError) naming the database,
+    with SQLite's code: opening a file that is not a database, and a write that fails."""
+    a, _ = runs(tmp_path)
+    bad = tmp_path / "bad" / "journal.sqlite3"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a database" * 512)
+    with pytest.raises(JournalError) as caught:
+        Journal(bad, a)
+    assert isinstance(caught.value, TraindError)
+    assert caught.value.code == "SQLITE_NOTADB"
+    assert not caught.value.full
+    assert str(bad) in str(caught.value)
+
+    journal = Journal.in_state_dir(tmp_path / "state", a)
+    try:
+        db = sqlite3.connect(tmp_path / "state" / "journal.sqlite3")
+        db.execute("DROP TABLE resume")
+        db.commit()
+        db.close()
+        with pytest.raises(JournalError, match="no such table: resume") as failed:
+            asyncio.run(journal.save_resume("checkpoint-1", "w.bin", "state"))
+        assert failed.value.code == "SQLITE_ERROR"
+    finally:
+        journal.close()

@@ -23,11 +23,12 @@ to (see ``_claim_legacy``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -36,6 +37,7 @@ import structlog
 
 from traind.backoff import doubling
 from traind.checkpoints.identity import RunIdentity, staging_dir
+from traind.errors import JournalError
 from traind.storage import LocalFile
 
 State = Literal["staged", "ready", "committed", "pruning", "pruned", "conflict", "dropped"]
@@ -131,17 +133,19 @@ class Journal:
         self._key = run.key
         self._path = path
         self._retry = (retry_initial, retry_max)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        with _sqlite(path):
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            if self._columns("checkpoints") and "run" not in self._columns("checkpoints"):
-                self._add_column("files", "mtime_ns INTEGER")
-                self._tx_fn(self._migrate)
-            self._db.executescript(_SCHEMA)
-            self._db.executescript(_CORRUPT_SCHEMA)
-            self._tx_fn(self._claim_legacy, staging_dir(path.parent, run))
+            with _sqlite(path):
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                if self._columns("checkpoints") and "run" not in self._columns("checkpoints"):
+                    self._add_column("files", "mtime_ns INTEGER")
+                    self._tx_fn(self._migrate)
+                self._db.executescript(_SCHEMA)
+                self._db.executescript(_CORRUPT_SCHEMA)
+                self._tx_fn(self._claim_legacy, staging_dir(path.parent, run))
         except BaseException:  # e.g. no space for the WAL index: see space.open_journal
             self._db.close()
             raise
@@ -235,8 +239,8 @@ class Journal:
         while True:
             try:
                 await self._run(self._tx, statements)
-            except sqlite3.OperationalError as exc:
-                if not out_of_space(exc):
+            except JournalError as exc:
+                if not exc.full:
                     raise
                 if failed_at is None:
                     failed_at = time.monotonic()
@@ -262,7 +266,7 @@ class Journal:
 
     def _tx_fn(self, fn: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
         """Call ``fn`` inside one write transaction: all of it happens, or none."""
-        with self._lock:
+        with self._lock, _sqlite(self._path):
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 fn(*args, **kwargs)
@@ -273,7 +277,7 @@ class Journal:
                 raise
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
+        with self._lock, _sqlite(self._path):
             return self._db.execute(sql, params).fetchall()
 
     # -- checkpoints --------------------------------------------------------------------
@@ -441,11 +445,13 @@ class Journal:
         return {(str(t), str(m)): str(r) for t, m, r in rows}
 
 
-def out_of_space(exc: sqlite3.OperationalError) -> bool:
-    """Whether SQLite failed for lack of space: SQLITE_FULL, or an I/O error (which is what
-    a failed write of the WAL or its index reports)."""
-    name = getattr(exc, "sqlite_errorname", "")
-    return name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")
+@contextlib.contextmanager
+def _sqlite(path: Path) -> Iterator[None]:
+    """SQLite's errors as JournalError: the one place they are translated."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise JournalError(str(exc), path, getattr(exc, "sqlite_errorname", "")) from exc
 
 
 def _free_bytes(directory: Path) -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,10 @@ from pathlib import Path
 import structlog
 
 from traind.checkpoints.identity import RunIdentity, staging_dir
-from traind.checkpoints.journal import Journal, out_of_space
+from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import parse_step
-from traind.errors import TraindError
+from traind.errors import JournalError, TraindError
 
 log = structlog.get_logger("traind.space")
 
@@ -183,8 +182,8 @@ def open_journal(state_dir: Path, run: RunIdentity) -> tuple[Journal, list[Pinne
     while True:
         try:
             return Journal.in_state_dir(state_dir, run), dropped
-        except sqlite3.OperationalError as exc:
-            if not out_of_space(exc):
+        except JournalError as exc:
+            if not exc.full:
                 raise
             victim = _oldest_rotated_away(staging, run.output_dir)
             if victim is None:

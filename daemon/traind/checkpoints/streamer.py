@@ -17,7 +17,6 @@ from pathlib import Path
 
 import structlog
 
-from traind.backoff import doubling
 from traind.checkpoints import snapshot, writer
 from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
@@ -34,12 +33,15 @@ from traind.layout.manifest import FileEntry, Manifest, Writer, read_trainer_fac
 from traind.layout.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.nodes import NodeRank
 from traind.progress import Progress, shown
+from traind.retry import Backoff
 from traind.storage import LocalFile, PartStore, Storage
 from traind.storage.claim import Lease
 from traind.storage.fileio import hash_file
 from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.streamer")
+PARTS_BACKOFF = Backoff(0.5, 10.0)
+"""How often a part stored while other hosts' parts are missing looks at them again."""
 CLAIM_CHECK_EVERY = 1.0
 """Seconds between checks, as files finish, that this writer still holds the tag."""
 
@@ -81,7 +83,7 @@ class Streamer:
         self._failures: dict[str, int] = {}
         self.stage_errors: dict[str, str] = {}
         """Why the last attempt to snapshot a tag failed (until one succeeds)."""
-        self._retry = (retry_initial, retry_max)
+        self._retry = Backoff(retry_initial, retry_max)
         self.current: tuple[str, Progress] | None = None
         self.on_sent: Callable[[int], None] | None = None
         """Told the bytes of every chunk an upload reports sent (from worker threads too)."""
@@ -171,40 +173,49 @@ class Streamer:
     # -- upload loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Commit queued checkpoints one at a time, until cancelled."""
-        while True:
-            tag = await self._next()
-            if tag not in self._pending:  # dropped while it waited
-                continue
-            self.in_flight = tag
-            try:
-                await self.commit(tag)
-                self._failures.pop(tag, None)
-                self._pending.discard(tag)
-            except snapshot.RewrittenError as exc:
-                await self._rewritten(exc)
-                self._pending.discard(tag)  # the watcher has it again
-            except ClaimHeldError as exc:
-                self._wait_for_claim(tag, exc.lease)  # still pending
-            except PartsPendingError:
-                self._failures.pop(tag, None)
-                self._wait_for_parts(tag)  # still pending
-            except PartsGoneError:
-                await self._parts_gone(tag)
-                self._pending.discard(tag)
-            except PartsDisagreeError as exc:
-                await self._parts_disagree(tag, exc)
-                self._pending.discard(tag)  # never retried: the parts cannot be one whole
-            except ConflictError:
-                self.held.pop(tag, None)
-                self._failures.pop(tag, None)
-                self._pending.discard(tag)  # never retried: the tag is another writer's
-            except (StorageError, OSError) as exc:
-                self._retry_later(tag, exc)  # still pending
-            finally:
-                self.current = self.in_flight = None
-                if not self._pending:
-                    self._idle.set()
+        """Commit queued checkpoints one at a time, until cancelled. A checkpoint to try
+        again later is queued again by a task of this loop's own (cancelled with it)."""
+        async with asyncio.TaskGroup() as later:
+            while True:
+                tag = await self._next()
+                if tag not in self._pending:  # dropped while it waited
+                    continue
+                self.in_flight = tag
+                again: float | None = None
+                try:
+                    await self.commit(tag)
+                    self._failures.pop(tag, None)
+                    self._pending.discard(tag)
+                except snapshot.RewrittenError as exc:
+                    await self._rewritten(exc)
+                    self._pending.discard(tag)  # the watcher has it again
+                except ClaimHeldError as exc:
+                    again = self._wait_for_claim(tag, exc.lease)  # still pending
+                except PartsPendingError:
+                    self._failures.pop(tag, None)
+                    again = self._wait_for_parts(tag)  # still pending
+                except PartsGoneError:
+                    await self._parts_gone(tag)
+                    self._pending.discard(tag)
+                except PartsDisagreeError as exc:
+                    await self._parts_disagree(tag, exc)
+                    self._pending.discard(tag)  # never retried: the parts cannot be one whole
+                except ConflictError:
+                    self.held.pop(tag, None)
+                    self._failures.pop(tag, None)
+                    self._pending.discard(tag)  # never retried: the tag is another writer's
+                except (StorageError, OSError) as exc:
+                    again = self._retry_later(tag, exc)  # still pending
+                finally:
+                    self.current = self.in_flight = None
+                    if not self._pending:
+                        self._idle.set()
+                if again is not None:
+                    later.create_task(self._queue_after(again, tag), name=f"again-{tag}")
+
+    async def _queue_after(self, delay: float, tag: str) -> None:
+        await asyncio.sleep(delay)
+        self._queue.put_nowait(tag)
 
     def prefer_newest(self) -> None:
         """From now on take the newest queued checkpoint first: at shutdown, the one saved
@@ -240,21 +251,19 @@ class Streamer:
         flight, or waiting for a retry."""
         await self._idle.wait()
 
-    def _retry_later(self, tag: str, exc: BaseException) -> None:
+    def _retry_later(self, tag: str, exc: BaseException) -> float:
+        """Seconds until ``tag``, whose upload failed, is tried again (with backoff)."""
         n = self._failures[tag] = self._failures.get(tag, 0) + 1
-        initial, cap = self._retry
-        delay = doubling(n - 1, initial, cap)
+        delay = self._retry.delay(n - 1)
         log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
-        asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
+        return delay
 
-    def _wait_for_claim(self, tag: str, lease: Lease) -> None:
-        """Try ``tag`` again later: soon enough to see the other writer commit, and no
-        later than its claim goes stale."""
+    def _wait_for_claim(self, tag: str, lease: Lease) -> float:
+        """Seconds until ``tag`` is tried again: soon enough to see the other writer commit,
+        and no later than its claim goes stale."""
         n = self._failures[tag] = self._failures.get(tag, 0) + 1
-        initial, cap = self._retry
         stale_in = max(0.0, self.claim_ttl - lease.age())
-        delay = min(doubling(n - 1, initial, cap), stale_in + initial)
-        asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, tag)
+        return min(self._retry.delay(n - 1), stale_in + self._retry.initial)
 
     async def release(self, tags: list[str]) -> None:
         """Mark this writer's claims on ``tags`` stale (a shutdown leaving them unstored), so
@@ -271,11 +280,11 @@ class Streamer:
                 continue
             log.info("checkpoint_claim_released", tag=tag, backend=self.storage.describe)
 
-    def _wait_for_parts(self, tag: str) -> None:
-        """Look again at ``tag``'s parts in a while: the other hosts' are still coming."""
+    def _wait_for_parts(self, tag: str) -> float:
+        """Seconds until ``tag``'s parts are looked at again: the other hosts' are still
+        coming."""
         n = self._waits[tag] = self._waits.get(tag, 0) + 1
-        asyncio.get_running_loop().call_later(doubling(n - 1, 0.5, 10.0),
-                                              self._queue.put_nowait, tag)
+        return PARTS_BACKOFF.delay(n - 1)
 
     async def _parts_disagree(self, tag: str, exc: PartsDisagreeError) -> None:
         """The hosts' parts of ``tag`` cannot make one checkpoint: stop for good, loudly,

@@ -4,7 +4,6 @@ of its records onto launch's values. Documented shapes; see vast.py for the endp
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -12,10 +11,10 @@ from typing import Any
 import aiohttp
 import structlog
 
-from traind.backoff import doubling
 from traind.launch.base import Constraints, HostState, Offer
 from traind.launch.config import VastSection
 from traind.launch.errors import BackendAPIError
+from traind.retry import Backoff, retrying
 
 log = structlog.get_logger("traind.launch")
 
@@ -76,6 +75,18 @@ class _Retryable(Exception):
     """A 5xx or 429 answer."""
 
 
+_FAILURES = (_Retryable, aiohttp.ClientError, TimeoutError, ValueError)
+"""What a request may fail with; all but an undecodable answer (ValueError) may pass."""
+
+
+def _passing(exc: BaseException) -> bool:
+    return isinstance(exc, _FAILURES) and not isinstance(exc, ValueError)
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
 class VastAPI:
     """Requests to one vast.ai API base URL. The key is sent only in the Authorization header."""
 
@@ -91,27 +102,28 @@ class VastAPI:
         headers = {"Authorization": f"Bearer {cfg.key().get_secret_value()}",
                    "Accept": "application/json"}
         timeout = aiohttp.ClientTimeout(total=cfg.request_timeout)
-        attempt = 0
-        while True:
-            try:
-                async with (
-                    aiohttp.ClientSession(timeout=timeout, headers=headers) as session,
-                    session.request(method, cfg.url.rstrip("/") + path, params=params,
-                                    json=body) as resp,
-                ):
-                    text = await resp.text()
-                    if resp.status >= 500 or resp.status == 429:
-                        raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
-                    return resp.status, json.loads(text) if text.strip() else {}
-            except (_Retryable, aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                error = str(exc) or type(exc).__name__
-                attempt += 1
-                if not retry or attempt > cfg.retries or isinstance(exc, ValueError):
-                    raise BackendAPIError(f"vast.ai {method} {path}: {error}") from exc
-            delay = doubling(attempt - 1, cfg.backoff_initial, cfg.backoff_max)
-            log.warning("vast_api_retry", method=method, path=path, attempt=attempt,
-                        retry_in=delay, error=error)
-            await asyncio.sleep(delay)
+
+        async def attempt() -> tuple[int, Any]:
+            async with (
+                aiohttp.ClientSession(timeout=timeout, headers=headers) as session,
+                session.request(method, cfg.url.rstrip("/") + path, params=params,
+                                json=body) as resp,
+            ):
+                text = await resp.text()
+                if resp.status >= 500 or resp.status == 429:
+                    raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
+                return resp.status, json.loads(text) if text.strip() else {}
+
+        def logged(exc: BaseException, n: int, delay: float) -> None:
+            log.warning("vast_api_retry", method=method, path=path, attempt=n,
+                        retry_in=delay, error=_reason(exc))
+
+        backoff = Backoff(cfg.backoff_initial, cfg.backoff_max)
+        try:
+            return await retrying(attempt, backoff, cfg.retries if retry else 0, _passing,
+                                  logged)
+        except _FAILURES as exc:
+            raise BackendAPIError(f"vast.ai {method} {path}: {_reason(exc)}") from exc
 
 
 def is_missing(data: dict[str, Any]) -> bool:

@@ -6,6 +6,7 @@ several can run at once on different cores.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -17,6 +18,12 @@ import os
 import threading
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+from traind.errors import os_error
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 CHUNK = 4 * 1024 * 1024
 WRITE_PIECE = 32 * 1024
@@ -361,3 +368,25 @@ def create_exclusive(target: Path, data: bytes) -> bool:
         part.unlink(missing_ok=True)
     fsync_dir(target.parent)
     return True
+
+
+@contextlib.contextmanager
+def local_errors(action: str, path: object = None) -> Iterator[None]:
+    """Local file work inside it fails with a (not retried) StorageError naming the file
+    (``errors.os_error``) instead of an OSError; a ConnectionError is the network's, and
+    passes as it is."""
+    try:
+        yield
+    except ConnectionError:
+        raise
+    except OSError as exc:
+        raise os_error(exc, action, path) from exc
+
+
+async def in_thread(
+    action: str, path: object, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """Run blocking local file work in a worker thread, its OSError translated as by
+    ``local_errors``."""
+    with local_errors(action, path):
+        return await asyncio.to_thread(fn, *args, **kwargs)

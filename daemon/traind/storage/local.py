@@ -7,7 +7,6 @@ manifest are created exclusively (a hard link, which fails when the name exists)
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import shutil
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from traind.config import LocalStorage
-from traind.errors import ConflictError, IntegrityError, StorageError, TransientStorageError
+from traind.errors import ConflictError, IntegrityError, TransientStorageError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.layout.manifest import Manifest, Writer, listed
 from traind.layout.parts import (
@@ -37,7 +36,7 @@ from traind.storage.claim import (
     check_lease,
     is_claim_file,
 )
-from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash_file
+from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash_file, in_thread
 from traind.storage.tasks import Slots, task_group
 
 PART_SUFFIX = ".traind-part"
@@ -267,13 +266,8 @@ class LocalBackend:
 
 
 async def _io(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run blocking file work in a thread, translating OSError into StorageError."""
-    try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    except IntegrityError:
-        raise
-    except OSError as exc:
-        raise StorageError(f"local store: {exc.strerror or exc}: {exc.filename or ''}") from exc
+    """Run blocking work on the store in a thread (``fileio.in_thread``)."""
+    return await in_thread("use the local store at", None, fn, *args, **kwargs)
 
 
 def _store_file(src: Path, target: Path, advance: Advance) -> str:

@@ -52,3 +52,35 @@ async def test_idle_waits_for_a_retried_upload(tmp_path: Path) -> None:
     finally:
         running.cancel()
         journal.close()
+
+
+async def test_retry_wait_is_a_task_of_the_upload_loop(tmp_path: Path) -> None:
+    """A failed upload waits for its retry in a task the upload loop owns: cancelling the
+    loop cancels the wait, and nothing is queued by a timer left behind."""
+    store = FailingStore(failures=1)
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
+    streamer = Streamer("r", tmp_path / "state", store, journal, retry_initial=0.5)
+    write_checkpoint(tmp_path / "out", 1)
+    running = asyncio.create_task(streamer.run())
+    try:
+        await streamer.stage("checkpoint-1", 1, tmp_path / "out" / "checkpoint-1")
+        await streamer.complete("checkpoint-1", 1)
+        async with asyncio.timeout(20):  # the first upload failed: its retry waits now
+            while True:
+                if _waiting_retry():
+                    break
+                await asyncio.sleep(0.01)
+        running.cancel()
+        async with asyncio.timeout(10):
+            await asyncio.gather(running, return_exceptions=True)
+        assert not _waiting_retry()
+        await asyncio.sleep(1.0)  # past the retry's time: a bare timer would queue it now
+        assert streamer.queued == 0
+        assert streamer.unstored == ["checkpoint-1"]  # still pending, in the journal too
+    finally:
+        running.cancel()
+        journal.close()
+
+
+def _waiting_retry() -> bool:
+    return any(t.get_name() == "again-checkpoint-1" for t in asyncio.all_tasks())

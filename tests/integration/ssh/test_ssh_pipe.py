@@ -181,3 +181,23 @@ def test_replies_out_of_order_are_written_where_they_belong(
         len(data), hashlib.sha256(data).hexdigest())
     assert back.read_bytes() == data
     assert flushed == [19 * 261120 - fileio.STAGE]  # one whole stage was written before
+
+
+def test_errors_carry_the_sftp_status_and_errno(servers: Servers, tmp_path: Path) -> None:
+    """A missing remote file carries FX_NO_SUCH_FILE (``missing``), a refusal
+    FX_PERMISSION_DENIED, a missing local file ENOENT and its path: callers read facts."""
+    (tmp_path / "local.bin").write_bytes(b"x")
+    pipe = servers.start("-P", "write")
+    pipe.handshake()
+    with pytest.raises(StorageError) as nope:
+        pipe.get(str(tmp_path / "nope.bin"), tmp_path / "back.bin", lambda n: None)
+    assert (nope.value.code, nope.value.missing, nope.value.transient) == (
+        "FX_NO_SUCH_FILE", True, False)
+    assert nope.value.op == f"open {tmp_path / 'nope.bin'}"
+    with pytest.raises(StorageError) as refused:
+        pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"), lambda n: None)
+    assert (refused.value.code, refused.value.missing) == ("FX_PERMISSION_DENIED", False)
+    with pytest.raises(StorageError) as gone:
+        pipe.put(tmp_path / "gone.bin", str(tmp_path / "remote.bin"), lambda n: None)
+    assert (gone.value.code, gone.value.key, gone.value.op) == (
+        "ENOENT", str(tmp_path / "gone.bin"), "read")

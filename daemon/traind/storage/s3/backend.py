@@ -33,7 +33,7 @@ from traind.storage.s3 import parts as s3_parts
 from traind.storage.s3.buffers import BufferPool, TokenBucket
 from traind.storage.s3.client import Ops, open_client, target_of
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
-from traind.storage.s3.errors import RetryPolicy, error_code
+from traind.storage.s3.errors import RetryPolicy
 from traind.storage.s3.upload import Uploader, upload_id_of
 from traind.storage.tasks import task_group
 
@@ -220,7 +220,7 @@ class S3Backend:
             async with resp["Body"] as body:
                 data = await body.read()
         except StorageError as exc:
-            if error_code(exc.__cause__ or exc) in {"NoSuchKey", "404", "NotFound"}:
+            if exc.missing:
                 return None  # an interrupted upload: not a checkpoint
             raise
         return listed(data, f"s3://{self._config.bucket}/{key}")
@@ -241,11 +241,10 @@ class S3Backend:
                     self._bandwidth,
                 )
             except StorageError as exc:
-                code = error_code(exc.__cause__ or exc)
-                if code not in {"NoSuchKey", "404", "NotFound"}:
+                if not exc.missing:
                     raise
                 raise IntegrityError(
-                    f"s3://{self._config.bucket}/{key}: missing from the store ({code})"
+                    f"s3://{self._config.bucket}/{key}: missing from the store ({exc.code})"
                 ) from exc
 
         async with task_group() as tg:
@@ -301,9 +300,10 @@ class S3Backend:
             try:
                 await ops.call(op, step_key, **params)
             except StorageError as exc:
-                if op == "head_bucket" and error_code(exc.__cause__ or exc) in {"400", "403"}:
+                if op == "head_bucket" and exc.code in {"400", "403"}:
                     exc = await self._diagnose(ops) or exc
-                raise type(exc)(f"probe failed at {what}: {exc}") from exc.__cause__
+                raise type(exc)(f"probe failed at {what}: {exc}", code=exc.code,
+                                status=exc.status, key=exc.key, op=exc.op) from exc
         self._conditional = await s3_claim.honours_conditional(ops, self._run_prefix)
         claim = s3_claim.CONDITIONAL if self._conditional else s3_claim.LISTED
         log.info("s3_probe_ok", bucket=self._config.bucket, prefix=self._run_prefix, claim=claim)
@@ -334,7 +334,7 @@ class S3Backend:
                                    UploadId=upload["UploadId"])
                     aborted += 1
                 except StorageError as exc:
-                    if error_code(exc.__cause__ or exc) != "NoSuchUpload":
+                    if exc.code != "NoSuchUpload":
                         raise
             if not page.get("IsTruncated"):
                 break

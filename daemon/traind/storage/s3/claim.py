@@ -25,14 +25,13 @@ from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Writer
 from traind.storage.claim import Lease, check_held, check_lease, is_claim_file
 from traind.storage.s3.client import Ops
-from traind.storage.s3.errors import error_code
 
 log = structlog.get_logger("traind.s3")
 CLAIMS_DIR = "traind-claims/"
 CONDITIONAL = "conditional writes (If-None-Match: *): a tag is one writer's"
 LISTED = ("claims listed after writing (the store ignores If-None-Match): a tag is one "
           "writer's on a store with read-after-write consistency")
-_MISSING = {"NoSuchKey", "404", "NotFound"}
+_PRECONDITION = {"PreconditionFailed", "412"}
 _OFF = {"0", "false", "no", "off"}
 _UNSUPPORTED = {"NotImplemented", "501", "InvalidArgument", "InvalidRequest"}
 
@@ -45,7 +44,7 @@ async def put_new(ops: Ops, key: str, body: bytes, conditional: bool) -> bool:
         await ops.call("put_object", key, body=memoryview(body), ContentType="application/json",
                        **params)
     except StorageError as exc:
-        if error_code(exc.__cause__ or exc) in {"PreconditionFailed", "412"}:
+        if exc.code in _PRECONDITION:
             return False
         raise
     return True
@@ -64,7 +63,7 @@ async def get_tagged(ops: Ops, key: str) -> tuple[bytes, str] | None:
         async with resp["Body"] as body:
             data: bytes = await body.read()
     except StorageError as exc:
-        if error_code(exc.__cause__ or exc) in _MISSING:
+        if exc.missing:
             return None
         raise
     return data, str(resp.get("ETag", ""))
@@ -78,7 +77,7 @@ async def replace(ops: Ops, key: str, body: bytes, etag: str | None) -> bool:
         await ops.call("put_object", key, body=memoryview(body), ContentType="application/json",
                        **params)
     except StorageError as exc:
-        if error_code(exc.__cause__ or exc) in {"PreconditionFailed", "412", *_MISSING}:
+        if exc.code in _PRECONDITION or exc.missing:
             return False
         raise
     return True
@@ -94,7 +93,7 @@ async def honours_conditional(ops: Ops, prefix: str) -> bool:
         first = await put_new(ops, key, b"1", conditional=True)
         second = await put_new(ops, key, b"2", conditional=True)
     except StorageError as exc:  # a store that refuses the header outright
-        if error_code(exc.__cause__ or exc) not in _UNSUPPORTED:
+        if exc.code not in _UNSUPPORTED:
             raise
         first = second = True
     finally:

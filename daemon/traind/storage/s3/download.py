@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from traind.errors import IntegrityError, StorageError
-from traind.storage.fileio import SharedFd, create, trim, write_at
+from traind.errors import IntegrityError
+from traind.storage.fileio import SharedFd, create, local_errors, trim, write_at
 from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest
 from traind.storage.s3.client import Ops
 from traind.storage.s3.errors import retrying
@@ -125,7 +125,7 @@ async def fetch_file(
     Ranges of ``range_size`` bytes (an ``ALIGN`` multiple, at most the ``pool``'s buffers)
     are received into buffers taken from ``pool``, one GET per buffer at a time.
     """
-    try:
+    with local_errors("write", target):
         asm = await asyncio.to_thread(Assembler.create, target, size)
         try:
             async with task_group() as tg:
@@ -137,10 +137,6 @@ async def fetch_file(
             return await asyncio.to_thread(asm.finish)
         finally:
             asm.close()
-    except OSError as exc:
-        if isinstance(exc, ConnectionError):
-            raise
-        raise StorageError(f"cannot write {target}: {exc.strerror or exc}") from exc
 
 
 async def _fetch_range(

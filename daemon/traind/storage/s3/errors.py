@@ -10,8 +10,6 @@ unretried, as TransientStorageError, and the daemon waits for it while a command
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -20,21 +18,18 @@ import aiohttp
 import structlog
 from botocore import exceptions as bce
 
-from traind.backoff import doubling
 from traind.errors import StorageError, TransientStorageError
+from traind.retry import Backoff
+from traind.retry import retrying as retry
 
 log = structlog.get_logger("traind.s3")
 T = TypeVar("T")
 
-_THROTTLED = {
-    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
-    "TooManyRequests", "TooManyRequestsException", "RequestLimitExceeded",
-    "BandwidthLimitExceeded", "ProvisionedThroughputExceededException",
+_TRANSIENT = {
+    "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "OperationAborted",
+    "IncompleteBody",
 }
-_TRANSIENT = _THROTTLED | {
-    "InternalError", "ServiceUnavailable", "RequestTimeout", "RequestTimeoutException",
-    "PriorRequestNotComplete", "OperationAborted", "IncompleteBody",
-}
+"""S3's error codes for failures that pass (any 5xx or 429 answer is one too)."""
 
 
 @dataclass
@@ -127,11 +122,16 @@ def _unreached(exc: BaseException, target: Target) -> bool:
             and not target.reached)
 
 
-def translate(exc: BaseException, op: str, key: str | None, target: Target) -> StorageError:
-    """The traind error for ``exc`` (raise it ``from exc``)."""
+def translate(
+    exc: BaseException, op: str, key: str | None, target: Target, note: str = ""
+) -> StorageError:
+    """The traind error for ``exc`` (raise it ``from exc``), carrying its S3 code and HTTP
+    status; ``note`` is added to the message."""
     transient = is_transient(exc, target) or _unreached(exc, target)
     cls = TransientStorageError if transient else StorageError
-    return cls(describe(exc, op, key, target))
+    status = _status(exc) if isinstance(exc, bce.ClientError) else 0
+    return cls(describe(exc, op, key, target) + note, code=error_code(exc),
+               status=status or None, key=key, op=op)
 
 
 _LIBRARY_ERRORS = (
@@ -141,16 +141,17 @@ _LIBRARY_ERRORS = (
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Capped exponential backoff with jitter: ``uniform(base, min(cap, base * 2**n))``
+    """Capped exponential backoff with full jitter: ``uniform(base, min(cap, base * 2**n))``
     (never less than ``base``, so a retry never hits a restarting server at once)."""
 
     retries: int
     base: float = 0.2
     cap: float = 20.0
 
-    def delay(self, attempt: int) -> float:
-        """The pause before retry number ``attempt`` (0-based)."""
-        return random.uniform(self.base, max(self.base, doubling(attempt, self.base, self.cap)))
+    @property
+    def backoff(self) -> Backoff:
+        """The pauses between attempts."""
+        return Backoff(self.base, self.cap, jitter=1.0)
 
 
 async def retrying(
@@ -160,26 +161,28 @@ async def retrying(
     target: Target,
     policy: RetryPolicy,
 ) -> T:
-    """Await ``attempt()`` until it succeeds, a permanent error happens, or retries run out."""
-    for n in range(policy.retries + 1):
+    """Await ``attempt()`` until it succeeds, a permanent error happens, or retries run out;
+    raise the translated error."""
+
+    async def once() -> T:
         try:
             result = await attempt()
-        except _LIBRARY_ERRORS as exc:
-            if isinstance(exc, bce.ClientError):
-                target.reached = True
-            if _unreached(exc, target):  # down or misconfigured: the caller decides
-                raise TransientStorageError(describe(exc, op, key, target)) from exc
-            if not is_transient(exc, target):
-                raise StorageError(describe(exc, op, key, target)) from exc
-            if n == policy.retries:
-                raise TransientStorageError(
-                    f"{describe(exc, op, key, target)} (gave up after {n + 1} attempts)"
-                ) from exc
-            pause = policy.delay(n)
-            log.warning("s3_retry", op=op, key=key, attempt=n + 1, delay=round(pause, 2),
-                        error=error_code(exc) or type(exc).__name__)
-            await asyncio.sleep(pause)
-        else:
+        except bce.ClientError:
             target.reached = True
-            return result
-    raise AssertionError("unreachable")
+            raise
+        target.reached = True
+        return result
+
+    def retried(exc: BaseException) -> bool:
+        # An endpoint never reached is down or misconfigured: the caller decides.
+        return isinstance(exc, _LIBRARY_ERRORS) and is_transient(exc, target)
+
+    def logged(exc: BaseException, n: int, pause: float) -> None:
+        log.warning("s3_retry", op=op, key=key, attempt=n, delay=round(pause, 2),
+                    error=error_code(exc) or type(exc).__name__)
+
+    try:
+        return await retry(once, policy.backoff, policy.retries, retried, logged)
+    except _LIBRARY_ERRORS as exc:
+        note = f" (gave up after {policy.retries + 1} attempts)" if retried(exc) else ""
+        raise translate(exc, op, key, target, note) from exc

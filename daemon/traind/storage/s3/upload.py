@@ -23,10 +23,9 @@ import structlog
 
 from traind.errors import StorageError
 from traind.storage.base import UploadSession
-from traind.storage.fileio import SharedFd, hash_file
+from traind.storage.fileio import SharedFd, hash_file, local_errors
 from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest, read_part
 from traind.storage.s3.client import Ops
-from traind.storage.s3.errors import error_code
 from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.s3")
@@ -112,14 +111,10 @@ class Uploader:
 
     async def file(self, key: str, path: Path, rel: str, size: int, session: UploadSession) -> str:
         """Store ``path`` at ``key``; return its sha256 once the object is durable."""
-        try:
+        with local_errors("read", path):
             if size <= self._part_size:
                 return await self._single(key, path, size, session)
             return await self._multipart(key, path, rel, size, session)
-        except OSError as exc:
-            if isinstance(exc, ConnectionError):
-                raise
-            raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
     async def _single(self, key: str, path: Path, size: int, session: UploadSession) -> str:
         buf = await self._pool.acquire(size)
@@ -242,7 +237,7 @@ class Uploader:
                     "list_parts", state.key, UploadId=state.upload_id, PartNumberMarker=marker
                 )
             except StorageError as exc:
-                if error_code(exc.__cause__ or exc) in {"NoSuchUpload", "404"}:
+                if exc.missing:
                     return None
                 raise
             for part in resp.get("Parts", []):
@@ -267,7 +262,7 @@ class Uploader:
             )
         except StorageError as exc:
             # A retry after a lost response finds the upload already completed.
-            if error_code(exc.__cause__ or exc) != "NoSuchUpload":
+            if exc.code != "NoSuchUpload":
                 raise
             if not await self._already_complete(state):
                 raise
@@ -279,7 +274,7 @@ class Uploader:
         try:
             head = await self._ops.call("head_object", state.key)
         except StorageError as exc:
-            if error_code(exc.__cause__ or exc) in {"404", "NoSuchKey", "NotFound"}:
+            if exc.missing:
                 return False
             raise
         etag = str(head.get("ETag", "")).strip('"')
@@ -289,7 +284,7 @@ class Uploader:
         try:
             await self._ops.call("abort_multipart_upload", key, UploadId=upload_id)
         except StorageError as exc:
-            if error_code(exc.__cause__ or exc) not in {"NoSuchUpload", "404"}:
+            if not exc.missing:
                 raise
 
     async def _throttle(self, nbytes: int) -> None:

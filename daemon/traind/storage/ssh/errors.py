@@ -6,6 +6,7 @@ caller; everything else (authentication, host keys, remote permissions) is not.
 
 from __future__ import annotations
 
+import errno
 import shlex
 import socket
 from dataclasses import dataclass
@@ -14,6 +15,12 @@ from pathlib import Path
 import asyncssh
 
 from traind.errors import StorageError, TransientStorageError
+
+_FX_NAMES = {
+    value: name for name, value in vars(asyncssh).items()
+    if name.startswith("FX_") and not name.endswith("_END") and isinstance(value, int)
+}
+"""SFTP status codes by name (``2`` → ``FX_NO_SUCH_FILE``)."""
 
 # Failures of the SSH transport that a retry cannot fix.
 _PERMANENT_DISCONNECTS = (
@@ -84,35 +91,50 @@ def _known_keys(target: Target, known_hosts: Path) -> list[asyncssh.SSHKey]:
 
 
 def translate(exc: BaseException, target: Target, action: str) -> StorageError:
-    """Classify ``exc`` (raised while doing ``action``) as a transient or permanent error."""
+    """Classify ``exc`` (raised while doing ``action``) as a transient or permanent error,
+    carrying its SFTP status or errno name as ``code``."""
     where = f"{target}: {action}"
     if isinstance(exc, StorageError):
         return exc
     if isinstance(exc, asyncssh.PermissionDenied):
-        return StorageError(f"{target}: authentication failed: {exc.reason}")
+        return StorageError(f"{target}: authentication failed: {exc.reason}", op=action)
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        return StorageError(f"{where}: host key not verifiable: {exc.reason}")
+        return StorageError(f"{where}: host key not verifiable: {exc.reason}", op=action)
     if isinstance(exc, _PERMANENT_DISCONNECTS):
-        return StorageError(f"{where}: {type(exc).__name__}: {exc.reason}")
-    if isinstance(exc, asyncssh.SFTPConnectionLost | asyncssh.SFTPNoConnection):
-        return TransientStorageError(f"{where}: connection lost: {exc.reason}")
-    if isinstance(exc, asyncssh.SFTPPermissionDenied):
-        return StorageError(f"{where}: permission denied on the remote host: {exc.reason}")
+        return StorageError(f"{where}: {type(exc).__name__}: {exc.reason}", op=action)
     if isinstance(exc, asyncssh.SFTPError):
-        return StorageError(f"{where}: remote error: {exc.reason}")
+        return sftp_error(target, action, exc.code, exc.reason)
     if isinstance(exc, asyncssh.DisconnectError):
-        return TransientStorageError(f"{where}: connection lost: {exc.reason}")
+        return TransientStorageError(f"{where}: connection lost: {exc.reason}", op=action)
     if isinstance(exc, asyncssh.ChannelOpenError):
-        return TransientStorageError(f"{where}: server refused a channel: {exc.reason}")
+        return TransientStorageError(f"{where}: server refused a channel: {exc.reason}",
+                                     op=action)
     if isinstance(exc, socket.gaierror):
         return dns_error(target, exc.strerror or str(exc))
     if isinstance(exc, ConnectionRefusedError):
         return refused_error(target)
     if isinstance(exc, TimeoutError):
-        return TransientStorageError(f"{where}: timed out")
+        return TransientStorageError(f"{where}: timed out", op=action)
     if isinstance(exc, OSError):
-        return TransientStorageError(f"{where}: network error: {exc.strerror or exc}")
-    return StorageError(f"{where}: {type(exc).__name__}: {exc}")
+        code = errno.errorcode.get(exc.errno, "") if exc.errno is not None else ""
+        return TransientStorageError(f"{where}: network error: {exc.strerror or exc}",
+                                     code=code, op=action)
+    return StorageError(f"{where}: {type(exc).__name__}: {exc}", op=action)
+
+
+def sftp_error(host: object, action: str, code: int, reason: str) -> StorageError:
+    """The error for an SFTP status ``code`` answering ``action`` on ``host`` (a Target or its
+    name): a lost connection is transient, anything else (no such file, permission denied,
+    a failure) is not."""
+    where = f"{host}: {action}"
+    name = _FX_NAMES.get(code, f"FX_{code}")
+    if code in {asyncssh.FX_NO_CONNECTION, asyncssh.FX_CONNECTION_LOST}:
+        return TransientStorageError(f"{where}: connection lost: {reason}", code=name,
+                                     op=action)
+    if code == asyncssh.FX_PERMISSION_DENIED:
+        return StorageError(f"{where}: permission denied on the remote host: {reason}",
+                            code=name, op=action)
+    return StorageError(f"{where}: remote error: {reason}", code=name, op=action)
 
 
 def auth_error(target: Target, identity_file: Path | None) -> StorageError:

@@ -22,9 +22,10 @@ from typing import TypeVar
 import asyncssh
 import structlog
 
-from traind.backoff import doubling
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError
+from traind.retry import Backoff
+from traind.retry import retrying as retry
 from traind.storage.ssh.errors import Target, auth_error, host_key_error, translate
 
 T = TypeVar("T")
@@ -45,19 +46,12 @@ CIPHERS = (
 async def retrying(config: SSHStorage, action: str, attempt: Callable[[], Awaitable[T]]) -> T:
     """Await ``attempt()`` until it succeeds or fails for good: after a TransientStorageError
     it runs again, at most ``config.retries`` times, with capped exponential backoff."""
-    failures = 0
-    while True:
-        try:
-            return await attempt()
-        except TransientStorageError as exc:
-            failures += 1
-            if failures > config.retries:
-                raise
-            delay = doubling(failures - 1, config.backoff_initial, config.backoff_max)
-            log.warning(
-                "ssh_retry", action=action, attempt=failures, retry_in=delay, error=str(exc)
-            )
-            await asyncio.sleep(delay)
+
+    def logged(exc: BaseException, n: int, delay: float) -> None:
+        log.warning("ssh_retry", action=action, attempt=n, retry_in=delay, error=str(exc))
+
+    backoff = Backoff(config.backoff_initial, config.backoff_max)
+    return await retry(attempt, backoff, config.retries, on_retry=logged)
 
 
 class _Client(asyncssh.SSHClient):
@@ -130,7 +124,7 @@ class SSHLink:
                     f"{self.target}: identity_file {cfg.identity_file} does not exist"
                 ) from exc
             raise translate(exc, self.target, "connect") from exc
-        except (TimeoutError, asyncssh.Error) as exc:
+        except asyncssh.Error as exc:  # (a TimeoutError is an OSError: translated above)
             raise translate(exc, self.target, "connect") from exc
         log.info(
             "ssh_connected", host=cfg.host, port=cfg.port, user=self.target.user,

@@ -27,7 +27,7 @@ import asyncssh
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError, UnsafePathError
 from traind.storage.base import LocalFile, UploadSession
-from traind.storage.fileio import hash_file
+from traind.storage.fileio import hash_file, in_thread
 from traind.storage.ssh.command import ssh_argv, ssh_failure
 from traind.storage.ssh.link import SSHLink, retrying
 from traind.storage.ssh.sftp import counted, makedirs
@@ -143,10 +143,7 @@ async def _hash_all(root: Path, files: Sequence[LocalFile]) -> dict[str, str]:
 
     async def one(f: LocalFile) -> tuple[str, str]:
         async with limit:
-            try:
-                _, sha = await asyncio.to_thread(hash_file, root / f.path)
-            except OSError as exc:
-                raise StorageError(f"cannot read {root / f.path}: {exc.strerror or exc}") from exc
+            _, sha = await in_thread("read", root / f.path, hash_file, root / f.path)
             return f.path, sha
 
     return dict(await asyncio.gather(*(one(f) for f in files)))

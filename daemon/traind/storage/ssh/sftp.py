@@ -14,22 +14,19 @@ import hashlib
 import posixpath
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import asyncssh
 
-from traind.errors import StorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import StagedWriter, create, iter_chunks
+from traind.storage.fileio import StagedWriter, create, in_thread, iter_chunks, local_errors
 from traind.storage.local import PART_SUFFIX
 
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash
 
-P = ParamSpec("P")
-T = TypeVar("T")
 
 CHUNK = 1024 * 1024
 """Bytes per write/read call; asyncssh splits each into requests of the server's maximum."""
@@ -98,7 +95,7 @@ async def _get_file(
     async with await sftp.open(remote, "rb", block_size=-1, max_requests=128) as f:
         size = (await f.stat()).size or 0
         # Written in worker threads; closed by the last one still writing (StagedWriter).
-        out = await _local(local, _open_for_write, local, size)
+        out = await in_thread("write", local, _open_for_write, local, size)
         inflight: deque[asyncio.Future[bytes]] = deque()
         try:
             for offset in range(0, size, CHUNK):
@@ -107,7 +104,7 @@ async def _get_file(
                     total += await _write_next(inflight, out, digest, local, advance)
             while inflight:
                 total += await _write_next(inflight, out, digest, local, advance)
-            await _local(local, out.finish, total)
+            await in_thread("write", local, out.finish, total)
         finally:
             await _cancel(inflight)
             out.close()
@@ -263,7 +260,7 @@ async def _write_next(
     advance: Advance,
 ) -> int:
     data = await inflight.popleft()
-    await _local(local, _write_hashed, out, data, digest)
+    await in_thread("write", local, _write_hashed, out, data, digest)
     advance(len(data))
     return len(data)
 
@@ -277,10 +274,8 @@ async def _cancel(inflight: Iterable[asyncio.Future[Any]]) -> None:
 
 def _next_hashed(chunks: Iterator[bytes], digest: Hash, local: Path) -> bytes:
     """The next chunk of the local file, hashed (runs in a worker thread)."""
-    try:
+    with local_errors("read", local):
         chunk = next(chunks, b"")
-    except OSError as exc:
-        raise StorageError(f"cannot read {local}: {exc.strerror or exc}") from exc
     digest.update(chunk)
     return chunk
 
@@ -292,11 +287,3 @@ def _open_for_write(local: Path, size: int) -> StagedWriter:
 def _write_hashed(out: StagedWriter, data: bytes, digest: Hash) -> None:
     digest.update(data)
     out.write(data)
-
-
-async def _local(path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run local file work in a thread; OSError becomes a (not retried) StorageError."""
-    try:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    except OSError as exc:
-        raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc

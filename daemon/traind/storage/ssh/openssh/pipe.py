@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from traind.errors import StorageError, TransientStorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import StagedWriter, create, hash_file
+from traind.storage.fileio import StagedWriter, create, hash_file, local_errors
 from traind.storage.local import PART_SUFFIX
+from traind.storage.ssh.errors import sftp_error
 from traind.storage.ssh.openssh import wire
 
 if TYPE_CHECKING:
@@ -108,10 +109,8 @@ class SFTPPipe:
         """Upload ``local`` as ``remote`` (temporary name, fsync, rename); (bytes, sha256)."""
         part = remote + PART_SUFFIX
         digest = hashlib.sha256()
-        try:
+        with local_errors("read", local):
             fd = os.open(local, os.O_RDONLY)
-        except OSError as exc:
-            raise StorageError(f"cannot read {local}: {exc.strerror or exc}") from exc
         try:
             handle = self._open(part, _CREATE)
             total = self._write_all(handle, fd, local, digest, advance)
@@ -131,10 +130,8 @@ class SFTPPipe:
                                     wire.Reply.ATTRS))
         if size is None:
             raise StorageError(f"{self._where}: stat {remote}: the server did not say its size")
-        try:
+        with local_errors("write", local):
             stage = StagedWriter(create(local, size))
-        except OSError as exc:
-            raise StorageError(f"cannot write {local}: {exc.strerror or exc}") from exc
         try:
             total, sha = self._read_all(handle, size, stage, local, advance)
         finally:
@@ -148,7 +145,7 @@ class SFTPPipe:
         buf = self._buffer[: self.server.write]
         pending: dict[int, int] = {}
         offset = 0
-        while n := _local(local, os.preadv, fd, [buf], offset):
+        while n := _local("read", local, os.preadv, fd, [buf], offset):
             digest.update(buf[:n])
             req_id = self._id()
             self._send(wire.write_header(req_id, handle, offset, n))
@@ -167,11 +164,10 @@ class SFTPPipe:
         end = offset + n
         while offset < end:
             try:
-                moved = os.splice(fd, self._wfd, end - offset, offset_src=offset)
+                with local_errors("read", local):  # a ConnectionError passes: the pipe's
+                    moved = os.splice(fd, self._wfd, end - offset, offset_src=offset)
             except BrokenPipeError as exc:
                 raise ConnectionLost(f"{self._where}: connection lost") from exc
-            except OSError as exc:
-                raise StorageError(f"local file {local}: {exc.strerror or exc}") from exc
             if not moved:
                 raise StorageError(f"local file {local}: shrank while being sent")
             offset += moved
@@ -226,14 +222,14 @@ class SFTPPipe:
             else:  # from the first reply out of order on: each at its offset
                 chunk = buf[:n]
                 self._take_into(chunk)
-                _local(local, stage.write_at, chunk, offset)
+                _local("write", local, stage.write_at, chunk, offset)
             if n < wanted:  # a short read: ask for the rest
                 todo.append((offset + n, wanted - n))
             advance(n)
         if in_order:
-            _local(local, stage.finish, hashed)
+            _local("write", local, stage.finish, hashed)
             return hashed, digest.hexdigest()
-        return _local(local, hash_file, local)
+        return _local("read", local, hash_file, local)
 
     def _take_staged(self, stage: StagedWriter, n: int, digest: Hash, local: Path) -> None:
         """Receive ``n`` in-order bytes straight into ``stage``, hashing them there and
@@ -243,7 +239,7 @@ class SFTPPipe:
             self._take_into(view)
             digest.update(view)
             n -= len(view)
-            _local(local, stage.filled, len(view))
+            _local("write", local, stage.filled, len(view))
 
     def _open(self, path: str, flags: int) -> bytes:
         return wire.handle(self._call(
@@ -271,12 +267,10 @@ class SFTPPipe:
             raise self._error(action, code, message)
 
     def _error(self, action: str, code: int, message: str) -> StorageError:
-        where = f"{self._where}: {action}"
-        if code in {wire.Status.NO_CONNECTION, wire.Status.CONNECTION_LOST}:
-            return ConnectionLost(f"{where}: connection lost: {message}")
-        if code == wire.Status.PERMISSION_DENIED:
-            return StorageError(f"{where}: permission denied on the remote host: {message}")
-        return StorageError(f"{where}: remote error: {message}")
+        error = sftp_error(self._where, action, code, message)
+        if error.transient:  # ssh's stderr may say why: see OpenSSHTransfer
+            return ConnectionLost(str(error), code=error.code, op=error.op)
+        return error
 
     def _id(self) -> int:
         self._last_id = (self._last_id + 1) & 0xFFFFFFFF
@@ -316,12 +310,10 @@ class SFTPPipe:
         return data
 
 
-def _local(path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Local file work; its OSError becomes a (not retried) StorageError."""
-    try:
+def _local(action: str, path: Path, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Local file work, translated by ``fileio.local_errors``."""
+    with local_errors(action, path):
         return fn(*args, **kwargs)
-    except OSError as exc:
-        raise StorageError(f"local file {path}: {exc.strerror or exc}") from exc
 
 
 def _pipe(where: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
