@@ -10,11 +10,11 @@ import uuid
 import pytest
 from tests.integration.s3.conftest import s3_config
 from tests.support.seaweed import SeaweedS3
-from traind.storage.s3_client import Ops, open_client, target_of
-from traind.storage.s3_errors import RetryPolicy
 
 from traind.errors import StorageError, TransientStorageError
-from traind.storage import s3_claim
+from traind.storage.s3 import claim as s3_claim
+from traind.storage.s3.client import Ops, open_client, target_of
+from traind.storage.s3.errors import RetryPolicy
 
 
 async def test_store_errors_carry_code_status_and_key(s3_server: SeaweedS3, bucket: str) -> None:

@@ -18,7 +18,7 @@ async def test_no_such_file_carries_its_sftp_status(sshd: SSHServer, remote: Pat
     """A remote file that is not there fails with code FX_NO_SUCH_FILE (``missing``), not
     transient, naming the operation."""
     need_module("asyncssh")
-    from traind.storage.ssh_link import SSHLink
+    from traind.storage.ssh.link import SSHLink
 
     link = SSHLink(ssh_config(sshd, remote))
     try:
