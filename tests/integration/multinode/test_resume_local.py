@@ -50,9 +50,10 @@ def configs(tmp_path: Path, nodes: int, steps: int, env: dict[str, str] | None =
     return out
 
 
-def start(cfg: Path, rank: int, nodes: int) -> DaemonProcess:
+def start(cfg: Path, rank: int, nodes: int, env: dict[str, str] | None = None
+          ) -> DaemonProcess:
     return DaemonProcess(cfg, env={"TRAIND_RUN__NODES": str(nodes), RANK_FROM[rank]: str(rank),
-                                   "TRAIND_CHECKPOINTS__MARKERS": MARKERS})
+                                   "TRAIND_CHECKPOINTS__MARKERS": MARKERS, **(env or {})})
 
 
 def resumed(daemon: DaemonProcess) -> list[int]:
@@ -83,13 +84,15 @@ def wait_event(daemon: DaemonProcess, name: str, **fields: object) -> Event:
 def test_a_rank_crashing_once_restarts_every_host_from_one_committed_step(
     tmp_path: Path,
 ) -> None:
-    """Rank 1 crashes before saving step 3: both trainers are restarted, and both resume
-    from checkpoint-2 (globally committed by then) with its weights, by one decision of
-    round 2; the run then finishes and commits every step."""
+    """Rank 1 crashes right after saving step 2, before its hosts can have found that
+    checkpoint complete (a 3 s settle): both trainers are restarted only once each host
+    stored its part, and both resume from checkpoint-2 (committed by then) with its
+    weights, by one decision of round 2; the run then finishes and commits every step."""
     env = {"DCP_CRASH_RANK": "1", "DCP_CRASH_AT": "3",
            "DCP_CRASH_ONCE": str(tmp_path / "crashed")}
     hosts = configs(tmp_path, 2, steps=4, env=env)
-    daemons = [start(cfg, rank, 2) for rank, cfg in enumerate(hosts)]
+    slow = {"TRAIND_CHECKPOINTS__SETTLE": "3s"}
+    daemons = [start(cfg, rank, 2, slow) for rank, cfg in enumerate(hosts)]
     try:
         assert [finished(d) for d in daemons] == [0, 0], [d.raw[-30:] for d in daemons]
     finally:
