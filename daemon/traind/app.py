@@ -96,7 +96,8 @@ class Daemon:
         )
         self.streamer.on_staged = self._staged
         quiet = settings.checkpoints.settle + 2 * settings.checkpoints.poll_interval
-        self.joint = (JointResume(self.node, lambda: self.streamer.parts_settled, quiet)
+        self.joint = (JointResume(self.node, lambda: self.streamer.parts_settled, quiet,
+                                  state_dir / "resume-request.json")
                       if self.node.nodes > 1 and settings.trainer is not None else None)
         """With nodes > 1 and a trainer: the hosts' agreement on its resume point (a fresh
         host is made whole then, not restored at start-up)."""

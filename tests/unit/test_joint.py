@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from traind.checkpoints.agreement import AGREEMENT_DIR
 from traind.checkpoints.joint import JointResume
+from traind.checkpoints.journal import Journal
 from traind.checkpoints.manifest import FileEntry, Manifest, Writer
 from traind.checkpoints.whole import make_whole
 from traind.config import LocalStorage
@@ -159,3 +162,35 @@ async def test_a_cancelled_wait_withdraws_its_request(
         await waiting
     assert not request.exists()
     assert await store.start_requests() == {}
+
+
+async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """Node 1's daemon stops while it waits, just after node 0 decided for both: its next
+    daemon asks with the same nonce (kept in state_dir) and starts on that decision at once
+    instead of waiting for node 0, whose trainer already started; once a start used the
+    answer, the next request is fresh."""
+    ticket = tmp_path / "state1" / "resume-request.json"
+    ticket.parent.mkdir()
+    slow = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, 0.0, ticket,
+                       poll=(30.0, 30.0))
+    waiting = asyncio.create_task(slow.agree(store))
+    await until(lambda: slow.waiting is not None)  # asked, and read the board once
+    async with asyncio.timeout(10):
+        decided = await host(0).agree(store)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    again = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, 0.0, ticket,
+                        poll=(30.0, 30.0))
+    async with asyncio.timeout(10):
+        nothing = cast(Journal, None)  # not read: there is no checkpoint to resume from
+        assert await again.resume_point(store, nothing, tmp_path / "out", print) is None
+    assert decided.round == 1
+    assert json.loads(ticket.read_text()) == {"nonce": decided.nonces[1], "answered": True}
+    late = asyncio.create_task(again.agree(store))
+    await until(lambda: json.loads(ticket.read_text())["nonce"] != decided.nonces[1])
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late

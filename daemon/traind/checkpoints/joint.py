@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,6 +29,7 @@ from traind.checkpoints.whole import make_whole
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.nodes import NodeRank
 from traind.storage.base import PartStore, Storage
+from traind.storage.fileio import fsync_dir
 
 log = structlog.get_logger("traind.joint")
 
@@ -55,8 +58,12 @@ class JointResume:
     it whole in ``output_dir`` before this host's trainer starts."""
 
     def __init__(self, node: NodeRank, settled: Callable[[], bool], quiet: float,
-                 poll: tuple[float, float] = POLL) -> None:
+                 ticket: Path | None = None, poll: tuple[float, float] = POLL) -> None:
         self._node = node
+        self._ticket = ticket
+        """Where this host keeps its last request's nonce and whether a trainer start used
+        its answer (state_dir): a daemon killed while it waited asks with the same nonce,
+        so a decision node 0 made for it meanwhile is this host's too."""
         self._settled = settled
         """Whether this host's streamer has stored its part of every complete checkpoint."""
         self._quiet = quiet
@@ -79,6 +86,7 @@ class JointResume:
         await self._settle()
         decision = await self.agree(storage)
         if decision.tag is None:
+            await self._answered(decision)
             return None
         manifest = await _parts(storage).committed(decision.tag)
         if manifest is None:
@@ -90,6 +98,7 @@ class JointResume:
         path, fetched = await make_whole(storage, manifest, output_dir)
         if entry is None or (fetched and entry.state not in ("staged", "ready", "conflict")):
             await journal.record_committed(manifest.tag, manifest.step, path, storage.describe)
+        await self._answered(decision)
         return path
 
     async def _settle(self) -> None:
@@ -109,10 +118,13 @@ class JointResume:
             n += 1
 
     async def agree(self, storage: Storage) -> Decision:
-        """Store a fresh start request in ``storage`` and wait until a decision covers it;
-        on cancellation the request is withdrawn."""
+        """Store a start request in ``storage`` and wait until a decision covers it; on
+        cancellation the request is withdrawn. The nonce is fresh, unless this host's last
+        request was never used for a start (its daemon stopped while it waited)."""
         store = _parts(storage)
-        rank, nonce = self._node.rank, uuid.uuid4().hex
+        rank = self._node.rank
+        nonce = await asyncio.to_thread(_unanswered, self._ticket) or uuid.uuid4().hex
+        await asyncio.to_thread(_keep, self._ticket, nonce, False)
         await self._retrying(lambda: store.request_start(rank, nonce))
         started = time.monotonic()
         self.waiting = Waiting(rank, nonce, time.time(), None)
@@ -135,6 +147,10 @@ class JointResume:
                  round=decision.round, nodes=len(decision.nonces),
                  waited=round(time.monotonic() - started, 3))
         return decision
+
+    async def _answered(self, decision: Decision) -> None:
+        """This host's trainer starts on ``decision``: its next start asks anew."""
+        await asyncio.to_thread(_keep, self._ticket, decision.nonces[self._node.rank], True)
 
     async def _board_now(self, storage: Storage, store: PartStore) -> Board | None:
         """The board as this host's poll sees it: node 0 counts the requests and writes a
@@ -196,3 +212,27 @@ def _parts(storage: Storage) -> PartStore:
         raise TraindError(f"{storage.describe} cannot agree on the resume point of a "
                           "multi-node job (run.nodes > 1 needs storage.type = \"local\")")
     return storage
+
+
+def _unanswered(ticket: Path | None) -> str | None:
+    """The nonce of this host's last request when no trainer start used its answer."""
+    try:
+        raw = json.loads(ticket.read_bytes()) if ticket is not None else None
+    except (OSError, ValueError):
+        return None
+    if isinstance(raw, dict) and not raw.get("answered") and isinstance(raw.get("nonce"), str):
+        return str(raw["nonce"])
+    return None
+
+
+def _keep(ticket: Path | None, nonce: str, answered: bool) -> None:
+    """Record this host's request ``nonce`` in ``ticket``, atomically."""
+    if ticket is None:
+        return
+    tmp = ticket.with_name(ticket.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(json.dumps({"nonce": nonce, "answered": answered}).encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ticket)
+    fsync_dir(ticket.parent)
