@@ -28,7 +28,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.whole import make_whole
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.nodes import NodeRank
-from traind.storage.base import PartStore, Storage
+from traind.storage.base import AgreementStore, PartStore, Storage
 from traind.storage.fileio import fsync_dir
 
 log = structlog.get_logger("traind.joint")
@@ -121,7 +121,7 @@ class JointResume:
         """Store a start request in ``storage`` and wait until a decision covers it; on
         cancellation the request is withdrawn. The nonce is fresh, unless this host's last
         request was never used for a start (its daemon stopped while it waited)."""
-        store = _parts(storage)
+        store = _agreement(storage)
         rank = self._node.rank
         nonce = await asyncio.to_thread(_unanswered, self._ticket) or uuid.uuid4().hex
         await asyncio.to_thread(_keep, self._ticket, nonce, False)
@@ -152,7 +152,7 @@ class JointResume:
         """This host's trainer starts on ``decision``: its next start asks anew."""
         await asyncio.to_thread(_keep, self._ticket, decision.nonces[self._node.rank], True)
 
-    async def _board_now(self, storage: Storage, store: PartStore) -> Board | None:
+    async def _board_now(self, storage: Storage, store: AgreementStore) -> Board | None:
         """The board as this host's poll sees it: node 0 counts the requests and writes a
         changed board; the others read it. The wait is logged whenever what it waits for
         changes."""
@@ -171,11 +171,11 @@ class JointResume:
         return board
 
     @staticmethod
-    async def _fetch(store: PartStore) -> Board | None:
+    async def _fetch(store: AgreementStore) -> Board | None:
         data = await store.read_board()
         return None if data is None else Board.from_json(data)
 
-    async def _count(self, storage: Storage, store: PartStore) -> Board:
+    async def _count(self, storage: Storage, store: AgreementStore) -> Board:
         """Node 0's poll: one listing of the requests; a decision when none is missing."""
         if not self._read:
             try:
@@ -209,9 +209,18 @@ class JointResume:
 
 def _parts(storage: Storage) -> PartStore:
     if not isinstance(storage, PartStore):
-        raise TraindError(f"{storage.describe} cannot agree on the resume point of a "
-                          "multi-node job (run.nodes > 1 needs storage.type = \"local\")")
+        raise TraindError(_UNABLE.format(storage.describe))
     return storage
+
+
+def _agreement(storage: Storage) -> AgreementStore:
+    if not isinstance(storage, AgreementStore):
+        raise TraindError(_UNABLE.format(storage.describe))
+    return storage
+
+
+_UNABLE = ("{} cannot agree on the resume point of a multi-node job (run.nodes > 1 needs "
+           "storage.type = \"local\")")
 
 
 def _unanswered(ticket: Path | None) -> str | None:

@@ -149,9 +149,15 @@ class PartStore(Protocol):
         part waits learns that the last part's host committed the union."""
         ...
 
+
+@runtime_checkable
+class AgreementStore(Protocol):
+    """What a backend adds for a multi-node job's resume point (checkpoints/agreement.py):
+    each host's start request and node 0's board, beside the tags under
+    ``.traind-resume/``."""
+
     async def request_start(self, rank: int, nonce: str) -> None:
-        """Store node ``rank``'s start request ``nonce``, replacing its last one (the resume
-        agreement of checkpoints/agreement.py, beside the tags under ``.traind-resume/``)."""
+        """Store node ``rank``'s start request ``nonce``, replacing its last one."""
 
     async def withdraw_start(self, rank: int, nonce: str) -> None:
         """Remove node ``rank``'s start request while it is still ``nonce`` (a host stopping
