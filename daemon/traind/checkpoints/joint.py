@@ -82,7 +82,9 @@ class JointResume:
     ) -> Path | None:
         """The agreed checkpoint as a whole local directory, or None (from scratch).
         ``restoring`` is told a tag this host's journal does not know before its files
-        land in ``output_dir`` (the watcher must not take them for a new save)."""
+        land in ``output_dir`` (the watcher must not take them for a new save). A fetch
+        that fails is retried on the next start with the same decision: the other hosts'
+        trainers started from it."""
         await self._settle()
         decision = await self.agree(storage)
         if decision.tag is None:
@@ -90,6 +92,7 @@ class JointResume:
             return None
         manifest = await _parts(storage).committed(decision.tag)
         if manifest is None:
+            await self._answered(decision)
             raise TraindError(f"{decision.tag}, the agreed resume point, is no longer in "
                               f"{storage.describe}; asking again")
         entry = await journal.get(manifest.tag)

@@ -113,8 +113,8 @@ def test_wiped_hosts_restore_the_whole_checkpoint_and_resume_from_one_step(
     tmp_path: Path,
 ) -> None:
     """Both hosts' output_dir and state_dir wiped after a run: each host fetches the whole
-    union of the newest committed checkpoint (other hosts' files and .metadata too), and
-    both trainers resume from it."""
+    union of the newest committed checkpoint (other hosts' files and .metadata too), never
+    stores it again as a save of its own, and both trainers resume from it."""
     hosts = configs(tmp_path, 2, steps=2)
     daemons = [start(cfg, rank, 2) for rank, cfg in enumerate(hosts)]
     try:
@@ -139,6 +139,10 @@ def test_wiped_hosts_restore_the_whole_checkpoint_and_resume_from_one_step(
         held = tmp_path / f"node{rank}" / "out" / "checkpoint-2"
         assert sorted(p.name for p in held.iterdir()) == union
         assert wait_event(daemons[rank], "checkpoint_restored", tag="checkpoint-2")
+        restored = [e for e in daemons[rank].named("checkpoint_staged")
+                    if e["tag"] == "checkpoint-2"]
+        assert not restored  # not taken for a new save of this host
+        assert not daemons[rank].named("checkpoint_conflict")
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
