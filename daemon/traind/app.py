@@ -19,6 +19,7 @@ import structlog
 from traind import config
 from traind.checkpoints import pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
+from traind.checkpoints.joint import JointResume
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.space import Pinned, SpaceGuard, open_journal
 from traind.checkpoints.streamer import Streamer
@@ -47,7 +48,8 @@ _STORE_RETRY = (1.0, 60.0)
 """Waiting for a store that cannot be reached: the first pause and the cap, in seconds."""
 _NOT_YET_MULTINODE = (
     "run.nodes = {nodes}: {what} is not supported with several nodes yet ({why}); "
-    "run.nodes > 1 works without [trainer] (the scheduler starts the trainer)"
+    "run.nodes > 1 with [trainer] works with storage.type = \"local\"; without [trainer] "
+    "(the scheduler starts the trainer) with every store"
 )
 _WAITING_HINT = ("waiting for the store before the trainer starts: output_dir holds no "
                  "checkpoint to resume from, and the store may hold a newer one")
@@ -97,6 +99,13 @@ class Daemon:
             parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
         )
         self.streamer.on_staged = self._staged
+        quiet = settings.checkpoints.settle + 2 * settings.checkpoints.poll_interval
+        self.joint = (JointResume(self.node, lambda: self.streamer.parts_settled, quiet,
+                                  settings.run.state_dir / "resume-request.json")
+                      if self.node.nodes > 1 and settings.trainer is not None else None)
+        """With nodes > 1 and a trainer: the hosts' agreement on its resume point (a fresh
+        host is made whole then, not restored at start-up)."""
+        self.observer.joint = self.joint
         self._server: StatusServer | None = None
         self._prune_now = asyncio.Event()
         self._resuming: tuple[str, ...] = ()
@@ -178,11 +187,12 @@ class Daemon:
             node_rank=node.rank,
             node_rank_from=node.source,
         )
-        if node.nodes > 1 and s.trainer is not None:
+        if node.nodes > 1 and s.trainer is not None and not isinstance(
+                s.storage, config.LocalStorage):
             raise TraindError(_NOT_YET_MULTINODE.format(
-                nodes=node.nodes, what="[trainer]",
-                why="every host must resume from the same committed checkpoint, made whole "
-                    "on its disk, which traind does not arrange yet"))
+                nodes=node.nodes, what=f'[trainer] with storage.type = "{s.storage.type}"',
+                why="the hosts agree on the checkpoint every trainer resumes from in the "
+                    "store, built for the local store so far"))
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
         for pinned in self._state.dropped:  # let go to open the journal at all
             await self.journal.set_state(pinned.tag, "dropped")
@@ -191,11 +201,11 @@ class Daemon:
         manifests = await self._first_manifests()
         if manifests is not None:
             self.observer.known(manifests)
-        if manifests is not None and self._restore:
+        if manifests is not None and self._restore and self.joint is None:
             await recovery.restore_if_fresh(
                 self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
             )
-        elif manifests is not None:
+        elif manifests is not None and self.joint is None:
             log.info("restore_disabled", output_dir=str(s.run.output_dir),
                      hint="run.restore = false or traind run --no-restore")
         if manifests is not None:
@@ -405,6 +415,11 @@ class Daemon:
 
     async def _resume_point(self) -> Path | None:
         s = self.settings
+        if self.joint is not None:
+            path = await self.joint.resume_point(self.storage, self.journal, s.run.output_dir,
+                                                 self._done.add)
+            self._resuming = () if path is None else (path.name,)
+            return path
         path = await recovery.resume_point(
             self.storage, self.journal, s.run.output_dir, s.checkpoints
         )

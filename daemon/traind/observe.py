@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from traind.checkpoints.joint import JointResume
 from traind.checkpoints.restore import newest
 from traind.checkpoints.space import Pinned
 from traind.checkpoints.streamer import Streamer
@@ -41,6 +42,7 @@ class Observer:
         self.notifier = notifier or Notifier()
         self.recent = recent or model.RecentErrors()
         self.supervisor: Supervisor | None = None
+        self.joint: JointResume | None = None
         self.next_prune: float | None = None
         self._streamer = streamer
         self._backend = backend
@@ -74,6 +76,7 @@ class Observer:
             parts=[model.PartsInfo(tag=tag, step=p.step, node_rank=p.node_rank,
                                    present=list(p.present), missing=list(p.missing))
                    for tag, p in self._streamer.waiting_parts.items()],
+            resume=_resume_wait(self.joint),
             next_prune=self.next_prune,
             errors=self.recent.items(),
         )
@@ -142,6 +145,14 @@ class Observer:
 
 _RETRY_EVENTS = {"s3_retry": "s3", "ssh_retry": "ssh"}
 """The events a backend logs when it retries an operation, and its name."""
+
+
+def _resume_wait(joint: JointResume | None) -> model.ResumeWaitInfo | None:
+    if joint is None or (waiting := joint.waiting) is None:
+        return None
+    missing = None if waiting.missing is None else list(waiting.missing)
+    return model.ResumeWaitInfo(node_rank=waiting.node_rank, since=waiting.since,
+                                missing=missing)
 
 
 def _info(m: Manifest) -> model.CommittedInfo:

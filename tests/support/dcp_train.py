@@ -3,7 +3,11 @@
 
 Run under ``torchrun --nnodes=K --nproc-per-node=1 --node-rank=R``: ``dcp_train.py OUTPUT_DIR
 STEPS``. Every rank writes ``config.json`` too (the same bytes, or rank-specific ones with
-``DCP_CONFIG_PER_RANK=1``), as trainers saving a config on every node do.
+``DCP_CONFIG_PER_RANK=1``), as trainers saving a config on every node do. With
+``$TRAIND_RESUME_FROM`` set it loads that checkpoint with ``dcp.load`` and goes on from its
+step, printing ``dcp_resumed step=S weight_ok=1`` (the weights are those of step S). With
+``DCP_CRASH_RANK=R DCP_CRASH_AT=N DCP_CRASH_ONCE=FILE``, rank R exits 1 before saving step N,
+the first time only (FILE is created then). ``DCP_STEP_SECONDS`` pauses after each save.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,7 +29,19 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 64)
-    for step in range(1, steps + 1):
+    initial = model.weight.detach().clone()
+    first = 1
+    if resume := os.environ.get("TRAIND_RESUME_FROM"):
+        state = {"model": model.state_dict(), "step": torch.tensor(0)}
+        dcp.load(state, checkpoint_id=resume)
+        model.load_state_dict(state["model"])
+        done = int(state["step"])
+        ok = torch.allclose(model.weight, initial + float(done))
+        print(f"dcp_resumed step={done} weight_ok={int(ok)} from={resume}", flush=True)
+        first = done + 1
+    pause = float(os.environ.get("DCP_STEP_SECONDS", "0"))
+    for step in range(first, steps + 1):
+        _maybe_crash(rank, step)
         with torch.no_grad():
             model.weight.add_(1.0)
         ckpt = out / f"checkpoint-{step}"
@@ -33,7 +50,20 @@ def main() -> None:
             "step": step}
         (ckpt / "config.json").write_text(json.dumps(config))
         dist.barrier()
+        print(f"dcp_saved step={step}", flush=True)
+        time.sleep(pause)
     dist.destroy_process_group()
+
+
+def _maybe_crash(rank: int, step: int) -> None:
+    """Exit 1 on ``DCP_CRASH_RANK`` before saving ``DCP_CRASH_AT``, once (``DCP_CRASH_ONCE``)."""
+    once = os.environ.get("DCP_CRASH_ONCE")
+    if (once is None or str(rank) != os.environ.get("DCP_CRASH_RANK")
+            or str(step) != os.environ.get("DCP_CRASH_AT") or Path(once).exists()):
+        return
+    Path(once).touch()
+    print(f"dcp_crashing step={step}", flush=True)
+    os._exit(1)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from traind.checkpoints.joint import Waiting
 from traind.checkpoints.space import Pinned
 from traind.checkpoints.streamer import WaitingParts
 from traind.observe import Observer
@@ -147,3 +148,20 @@ def test_parts_in_flight_are_shown_and_counted() -> None:
             "(not committed yet)") in render(status)
     waiting.clear()
     assert samples(observer, "traind_parts_missing") == {(): 0}
+
+
+def test_a_wait_for_the_resume_point_is_shown() -> None:
+    """A host waiting for the job's resume point shows in /status and `traind status` with
+    the nodes node 0 still misses (or that node 0 has not counted it yet); none when done."""
+    joint: Any = SimpleNamespace(waiting=Waiting(1, "nonce", 100.0, (0, 2)))
+    observer = Observer("run", idle_streamer(), lambda: "local", lambda: 0)
+    assert observer.snapshot()["resume"] is None
+    observer.joint = joint
+    status = observer.snapshot()
+    assert status["resume"] == {"node_rank": 1, "since": 100.0, "missing": [0, 2]}
+    assert ("resume     node 1 waits 20s for the resume point every node starts from (nodes "
+            "0, 2 missing)") in render(status, now=120.0)
+    joint.waiting = Waiting(1, "nonce", 100.0, None)
+    assert "node 0 has not counted this node's request yet" in render(observer.snapshot())
+    joint.waiting = None
+    assert observer.snapshot()["resume"] is None

@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -106,27 +106,11 @@ async def restore(
     dest = parent / manifest.tag
     if dest.exists():
         raise StorageError(f"{dest} already exists; refusing to overwrite it")
-    parent.mkdir(parents=True, exist_ok=True)
-    for path in await asyncio.to_thread(_remove_abandoned, parent):
-        log.info("restore_leftover_removed", path=str(path))
-    tmp = parent / f".{manifest.tag}{_TMP}{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    lock = await asyncio.to_thread(_lock, tmp)
     progress = progress or Progress(manifest.total_bytes)
     started = time.monotonic()
-    try:
-        hashes = await storage.download(manifest, tmp, progress.advance)
-        sizes = await asyncio.to_thread(_sizes, tmp, [f.path for f in manifest.files])
-        verify(manifest, {p: (sizes[p], h) for p, h in hashes.items() if p in sizes})
-        await asyncio.to_thread(_make_durable, tmp, [f.path for f in manifest.files])
+    async with fetched(storage, manifest, parent, progress) as tmp:
         await asyncio.to_thread(os.rename, tmp, dest)
         await asyncio.to_thread(fsync_dir, parent)
-    except BaseException:
-        await asyncio.to_thread(shutil.rmtree, tmp, True)
-        raise
-    finally:
-        if lock is not None:
-            os.close(lock)
     seconds = time.monotonic() - started
     log.info(
         "checkpoint_restored", tag=manifest.tag, step=manifest.step, files=len(manifest.files),
@@ -135,6 +119,30 @@ async def restore(
         backend=storage.describe, dest=str(dest),
     )
     return dest
+
+
+@contextlib.asynccontextmanager
+async def fetched(
+    storage: Storage, manifest: Manifest, parent: Path, progress: Progress
+) -> AsyncIterator[Path]:
+    """Download ``manifest``'s files into a locked temporary directory in ``parent`` and
+    yield it, every file verified and durable; whatever is left in it is removed after."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for path in await asyncio.to_thread(_remove_abandoned, parent):
+        log.info("restore_leftover_removed", path=str(path))
+    tmp = parent / f".{manifest.tag}{_TMP}{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    lock = await asyncio.to_thread(_lock, tmp)
+    try:
+        hashes = await storage.download(manifest, tmp, progress.advance)
+        sizes = await asyncio.to_thread(_sizes, tmp, [f.path for f in manifest.files])
+        verify(manifest, {p: (sizes[p], h) for p, h in hashes.items() if p in sizes})
+        await asyncio.to_thread(_make_durable, tmp, [f.path for f in manifest.files])
+        yield tmp
+    finally:
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+        if lock is not None:
+            os.close(lock)
 
 
 _TMP = ".traind-restore-"

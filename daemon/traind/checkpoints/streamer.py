@@ -246,6 +246,12 @@ class Streamer:
         for a retry after a failed upload)."""
         return len(self._pending)
 
+    @property
+    def parts_settled(self) -> bool:
+        """Whether every checkpoint still to commit has this host's part stored and waits
+        only for other hosts' (multi-node; on one node: whether nothing is to commit)."""
+        return all(tag in self.waiting_parts for tag in self._pending)
+
     async def wait_idle(self) -> None:
         """Return once every checkpoint handed over is committed: nothing queued, in
         flight, or waiting for a retry."""

@@ -18,6 +18,9 @@ _COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
 MANIFEST_NAME = "traind-manifest.json"
 CLAIM_NAME = "traind-writer.json"
 """Beside the manifest: which writer took the tag (``Storage.claim``)."""
+AGREEMENT_DIR = ".traind-resume"
+"""The reserved name beside the run's tags holding the requests and the board: a leading
+dot and no step number, so it never matches a checkpoint pattern or passes for a tag."""
 
 
 def check_component(value: str, what: str = "name") -> str:

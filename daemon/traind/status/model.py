@@ -85,6 +85,16 @@ class PartsInfo(TypedDict):
     missing: list[int]
 
 
+class ResumeWaitInfo(TypedDict):
+    """A multi-node host waiting, since ``since``, for the resume point every host's trainer
+    starts from: the nodes whose start request node 0 still misses (None: node 0 has not
+    counted this host's request yet)."""
+
+    node_rank: int
+    since: float
+    missing: list[int] | None
+
+
 class ErrorInfo(TypedDict):
     """A recent error: when, the log event, and its fields as one line."""
 
@@ -108,6 +118,7 @@ class StatusSnapshot(TypedDict):
     dropped: list[DroppedInfo]
     held: list[HeldInfo]
     parts: list[PartsInfo]
+    resume: ResumeWaitInfo | None
     next_prune: float | None
     errors: list[ErrorInfo]
 
@@ -171,6 +182,7 @@ def snapshot(
     dropped: Iterable[DroppedInfo] = (),
     held: Iterable[HeldInfo] = (),
     parts: Iterable[PartsInfo] = (),
+    resume: ResumeWaitInfo | None = None,
     next_prune: float | None = None,
     errors: Iterable[ErrorInfo] = (),
     now: float | None = None,
@@ -185,7 +197,7 @@ def snapshot(
         dropped=sorted(dropped, key=lambda d: d["step"]),
         held=sorted(held, key=lambda h: h["tag"]),
         parts=sorted(parts, key=lambda p: p["step"]),
-        next_prune=next_prune, errors=list(errors),
+        resume=resume, next_prune=next_prune, errors=list(errors),
     )
 
 

@@ -76,6 +76,12 @@ def render(status: StatusSnapshot, now: float | None = None) -> str:
         out.append(f"parts      {part['tag']}: this node ({part['node_rank']}) stored; nodes "
                    f"{', '.join(map(str, part['present']))} in, "
                    f"{', '.join(map(str, part['missing']))} missing (not committed yet)")
+    if (resume := status.get("resume")) is not None:
+        missing = resume["missing"]
+        which = ("node 0 has not counted this node's request yet" if missing is None
+                 else f"nodes {', '.join(map(str, missing))} missing")
+        out.append(f"resume     node {resume['node_rank']} waits {duration(now - resume['since'])} "
+                   f"for the resume point every node starts from ({which})")
     out.append(f"next prune {_when(status['next_prune'], now)}")
     if status["errors"]:
         out += ["", "recent errors (oldest first)"]

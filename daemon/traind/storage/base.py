@@ -148,3 +148,29 @@ class PartStore(Protocol):
         """The manifest of ``tag`` when it is committed: one small read, how a host whose
         part waits learns that the last part's host committed the union."""
         ...
+
+
+@runtime_checkable
+class AgreementStore(Protocol):
+    """What a backend adds for a multi-node job's resume point (checkpoints/agreement.py):
+    each host's start request and node 0's board, beside the tags under
+    ``.traind-resume/``."""
+
+    async def request_start(self, rank: int, nonce: str) -> None:
+        """Store node ``rank``'s start request ``nonce``, replacing its last one."""
+
+    async def withdraw_start(self, rank: int, nonce: str) -> None:
+        """Remove node ``rank``'s start request while it is still ``nonce`` (a host stopping
+        before its trainer started)."""
+
+    async def start_requests(self) -> dict[int, str]:
+        """Every node's start request, rank → nonce, from one listing (node 0's poll)."""
+        ...
+
+    async def write_board(self, data: bytes) -> None:
+        """Replace the resume board (written by node 0 alone)."""
+
+    async def read_board(self) -> bytes | None:
+        """The resume board, None before node 0 wrote one: one small read (every host's
+        poll)."""
+        ...

@@ -7,6 +7,7 @@ manifest are created exclusively (a hard link, which fails when the name exists)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -17,7 +18,7 @@ from typing import ParamSpec, TypeVar
 
 from traind.config import LocalStorage
 from traind.errors import ConflictError, IntegrityError, TransientStorageError
-from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
+from traind.layout.keys import AGREEMENT_DIR, CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.layout.manifest import Manifest, Writer, listed
 from traind.layout.parts import (
     PART_CLAIM_PREFIX,
@@ -40,6 +41,9 @@ from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash
 from traind.storage.tasks import Slots, task_group
 
 PART_SUFFIX = ".traind-part"
+_REQUEST = "start-"
+"""Node R's start request: ``.traind-resume/start-<R>.json``, its nonce."""
+_BOARD = "board.json"
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -50,6 +54,7 @@ class LocalBackend:
     def __init__(self, config: LocalStorage, run: str) -> None:
         self._root = config.path / run
         self._concurrency = config.concurrency
+        self._agreement = self._root / AGREEMENT_DIR
 
     @property
     def describe(self) -> str:
@@ -177,6 +182,43 @@ class LocalBackend:
 
     async def committed(self, tag: str) -> Manifest | None:
         return await _io(self._manifest, check_tag(tag))
+
+    async def request_start(self, rank: int, nonce: str) -> None:
+        await _io(_write_atomic, self._agreement / f"{_REQUEST}{rank}.json", nonce.encode())
+
+    async def withdraw_start(self, rank: int, nonce: str) -> None:
+        await _io(self._withdraw, self._agreement / f"{_REQUEST}{rank}.json", nonce)
+
+    @staticmethod
+    def _withdraw(path: Path, nonce: str) -> None:
+        if path.is_file() and path.read_bytes().decode(errors="replace") == nonce:
+            path.unlink(missing_ok=True)
+
+    async def start_requests(self) -> dict[int, str]:
+        return await _io(self._start_requests)
+
+    def _start_requests(self) -> dict[int, str]:
+        if not self._agreement.is_dir():
+            return {}
+        found = {}
+        for path in self._agreement.glob(f"{_REQUEST}*.json"):
+            rank = path.name.removeprefix(_REQUEST).removesuffix(".json")
+            if rank.isdigit():
+                with contextlib.suppress(FileNotFoundError):  # withdrawn meanwhile
+                    found[int(rank)] = path.read_bytes().decode(errors="replace")
+        return found
+
+    async def write_board(self, data: bytes) -> None:
+        await _io(_write_atomic, self._agreement / _BOARD, data)
+
+    async def read_board(self) -> bytes | None:
+        return await _io(self._read_board)
+
+    def _read_board(self) -> bytes | None:
+        try:
+            return (self._agreement / _BOARD).read_bytes()
+        except FileNotFoundError:
+            return None
 
     async def parts(self, tag: str) -> list[Part]:
         return await _io(self._read_parts, self._root / check_tag(tag))

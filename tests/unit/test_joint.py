@@ -1,0 +1,196 @@
+"""One host's side of a multi-node resume, on a real local store: the agreement with the
+other hosts, and the agreed checkpoint made whole in output_dir."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from traind.checkpoints.joint import JointResume
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.whole import make_whole
+from traind.config import LocalStorage
+from traind.errors import IntegrityError
+from traind.layout.keys import AGREEMENT_DIR
+from traind.layout.manifest import FileEntry, Manifest, Writer
+from traind.nodes import NodeRank
+from traind.storage.local import LocalBackend
+
+TAG = "checkpoint-2"
+BYTES = {".metadata": b"meta", "__0_0.distcp": b"rank zero", "__1_0.distcp": b"rank one"}
+WRITER = Writer("0" * 32, "node0")
+
+
+def entry(path: str, data: bytes) -> FileEntry:
+    return FileEntry(path, len(data), hashlib.sha256(data).hexdigest())
+
+
+def committed(root: Path, tag: str, files: dict[str, bytes]) -> Manifest:
+    """Commit ``tag`` with ``files`` in the local store at ``root`` (its manifest last)."""
+    for path, data in files.items():
+        (root / "exp" / tag).mkdir(parents=True, exist_ok=True)
+        (root / "exp" / tag / path).write_bytes(data)
+    manifest = Manifest(run="exp", tag=tag, step=int(tag.rsplit("-", 1)[1]),
+                        files=tuple(entry(p, d) for p, d in sorted(files.items())),
+                        writer=WRITER)
+    (root / "exp" / tag / "traind-manifest.json").write_bytes(manifest.to_json())
+    return manifest
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(LocalStorage(path=tmp_path / "store"), "exp")
+
+
+async def until(check: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll ``check`` until it holds, for at most ``within`` seconds."""
+    async with asyncio.timeout(within):
+        while True:
+            if check():
+                return
+            await asyncio.sleep(0.01)
+
+
+def host(rank: int, nodes: int = 2) -> JointResume:
+    return JointResume(NodeRank(rank, nodes, "run.node_rank"), lambda: True, 0.0,
+                       poll=(0.01, 0.05))
+
+
+async def test_make_whole_fetches_what_is_lacking_into_new_inodes(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """Node 1 holds its own file, and a .metadata of other bytes hard-linked into staging:
+    the missing file and the differing one are fetched; the differing one takes a new
+    inode (the staging snapshot keeps its bytes), the matching one is not touched."""
+    manifest = committed(tmp_path / "store", TAG, BYTES)
+    own = tmp_path / "out" / TAG
+    own.mkdir(parents=True)
+    (own / "__1_0.distcp").write_bytes(BYTES["__1_0.distcp"])
+    (own / ".metadata").write_bytes(b"an older save")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    os.link(own / ".metadata", staging / ".metadata")
+    kept = (own / "__1_0.distcp").stat().st_ino
+    path, fetched = await make_whole(store, manifest, tmp_path / "out")
+    assert (path, fetched) == (own, 2)
+    assert {p.name: p.read_bytes() for p in own.iterdir()} == BYTES
+    assert (own / "__1_0.distcp").stat().st_ino == kept
+    assert (staging / ".metadata").read_bytes() == b"an older save"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [TAG]  # no temp left
+    assert await make_whole(store, manifest, tmp_path / "out") == (own, 0)
+
+
+async def test_make_whole_restores_a_directory_that_is_not_there(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """A wiped host gets the whole union, every file."""
+    manifest = committed(tmp_path / "store", TAG, BYTES)
+    path, fetched = await make_whole(store, manifest, tmp_path / "out")
+    assert fetched == 3
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == BYTES
+
+
+async def test_make_whole_never_uses_bytes_that_do_not_match(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """A stored file whose bytes are not the manifest's fails the start (IntegrityError):
+    nothing of it lands in output_dir, the host's own files stay as they were."""
+    manifest = committed(tmp_path / "store", TAG, BYTES)
+    (tmp_path / "store" / "exp" / TAG / "__0_0.distcp").write_bytes(b"rank 0!!!")
+    own = tmp_path / "out" / TAG
+    own.mkdir(parents=True)
+    (own / "__1_0.distcp").write_bytes(BYTES["__1_0.distcp"])
+    with pytest.raises(IntegrityError, match=r"__0_0\.distcp"):
+        await make_whole(store, manifest, tmp_path / "out")
+    assert sorted(p.name for p in own.iterdir()) == ["__1_0.distcp"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [TAG]
+
+
+async def test_hosts_asking_at_different_moments_get_one_decision(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """Node 1 asks while checkpoint-3 is the newest committed; checkpoint-4 is committed
+    before node 0 asks: both start from checkpoint-4, by one decision."""
+    committed(tmp_path / "store", "checkpoint-3", BYTES)
+    one = asyncio.create_task(host(1).agree(store))
+    request = tmp_path / "store" / "exp" / AGREEMENT_DIR / "start-1.json"
+    await until(request.exists)
+    committed(tmp_path / "store", "checkpoint-4", BYTES)
+    async with asyncio.timeout(10):
+        zero, first = await asyncio.gather(host(0).agree(store), one)
+    assert zero == first
+    assert (zero.round, zero.tag, zero.step) == (1, "checkpoint-4", 4)
+    assert sorted(m.tag for m in await store.manifests()) == ["checkpoint-3", "checkpoint-4"]
+
+
+async def test_a_host_asking_again_waits_for_every_other_host(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """After a decision, node 0 asking again is not answered by it: it waits, naming node 1
+    as missing, until node 1 asks too; then both get round 2."""
+    zero, one = host(0), host(1)
+    async with asyncio.timeout(10):
+        await asyncio.gather(zero.agree(store), one.agree(store))
+    again = asyncio.create_task(zero.agree(store))
+    await until(lambda: zero.waiting is not None and zero.waiting.missing == (1,))
+    assert not again.done()
+    async with asyncio.timeout(10):
+        first, second = await asyncio.gather(again, one.agree(store))
+    assert first == second
+    assert (first.round, first.tag) == (2, None)
+    assert zero.waiting is None
+
+
+async def test_a_cancelled_wait_withdraws_its_request(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """A host stopped while it waits removes its start request, so node 0 never counts a
+    host that is gone."""
+    one = host(1)
+    waiting = asyncio.create_task(one.agree(store))
+    request = tmp_path / "store" / "exp" / AGREEMENT_DIR / "start-1.json"
+    await until(request.exists)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not request.exists()
+    assert await store.start_requests() == {}
+
+
+async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """Node 1's daemon stops while it waits, just after node 0 decided for both: its next
+    daemon asks with the same nonce (kept in state_dir) and starts on that decision at once
+    instead of waiting for node 0, whose trainer already started; once a start used the
+    answer, the next request is fresh."""
+    ticket = tmp_path / "state1" / "resume-request.json"
+    ticket.parent.mkdir()
+    slow = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, 0.0, ticket,
+                       poll=(30.0, 30.0))
+    waiting = asyncio.create_task(slow.agree(store))
+    await until(lambda: slow.waiting is not None)  # asked, and read the board once
+    async with asyncio.timeout(10):
+        decided = await host(0).agree(store)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    again = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, 0.0, ticket,
+                        poll=(30.0, 30.0))
+    async with asyncio.timeout(10):
+        nothing = cast(Journal, None)  # not read: there is no checkpoint to resume from
+        assert await again.resume_point(store, nothing, tmp_path / "out", print) is None
+    assert decided.round == 1
+    assert json.loads(ticket.read_text()) == {"nonce": decided.nonces[1], "answered": True}
+    late = asyncio.create_task(again.agree(store))
+    await until(lambda: json.loads(ticket.read_text())["nonce"] != decided.nonces[1])
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
