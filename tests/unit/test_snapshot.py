@@ -118,6 +118,20 @@ def test_unsafe_file_name_rejects_the_snapshot(tmp_path: Path) -> None:
     assert not (tmp_path / "staging/checkpoint-3.tmp").exists()
 
 
+@pytest.mark.parametrize("name", ["traind-part-0.json", "traind-writer-1.json",
+                                  "traind-part-x.json"])
+def test_a_file_named_like_a_part_or_part_claim_fails_the_snapshot(
+    tmp_path: Path, name: str
+) -> None:
+    """A checkpoint holding a file under a name traind keeps its parts or part claims under
+    fails loudly, naming the file, and nothing is staged."""
+    src = checkpoint(tmp_path)
+    (src / name).write_text("{}")
+    with pytest.raises(UnsafePathError, match=f"may not contain a file named {name}"):
+        take(src, tmp_path / "staging/checkpoint-3")
+    assert not (tmp_path / "staging/checkpoint-3").exists()
+
+
 def test_spaces_and_unicode_in_file_names_are_snapshot(tmp_path: Path) -> None:
     """Files named with spaces, non-ASCII letters or quotes are staged like any other."""
     src = checkpoint(tmp_path)

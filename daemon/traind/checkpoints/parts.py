@@ -24,10 +24,9 @@ from traind.checkpoints.manifest import (
     to_json,
 )
 from traind.errors import IntegrityError
+from traind.storage.keys import PART_CLAIM_PREFIX as PART_CLAIM_PREFIX
+from traind.storage.keys import PART_PREFIX as PART_PREFIX
 from traind.storage.keys import check_tag
-
-PART_PREFIX = "traind-part-"
-PART_CLAIM_PREFIX = "traind-writer-"
 
 
 def part_name(rank: int) -> str:

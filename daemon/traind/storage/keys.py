@@ -18,6 +18,10 @@ _COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
 MANIFEST_NAME = "traind-manifest.json"
 CLAIM_NAME = "traind-writer.json"
 """Beside the manifest: which writer took the tag (``Storage.claim``)."""
+PART_PREFIX = "traind-part-"
+"""A multi-node checkpoint's part manifests: ``traind-part-<rank>.json`` (checkpoints/parts.py)."""
+PART_CLAIM_PREFIX = "traind-writer-"
+"""The claims on a multi-node checkpoint's parts: ``traind-writer-<rank>.json``."""
 
 
 def check_component(value: str, what: str = "name") -> str:
@@ -50,6 +54,15 @@ def check_relpath(rel: str) -> str:
                 f"unsafe relative path {rel!r}: control characters (and bytes that are not "
                 "UTF-8) are not allowed in file names"
             )
-    if rel in {MANIFEST_NAME, CLAIM_NAME}:
-        raise UnsafePathError(f"a checkpoint may not contain a file named {rel}")
+    if reserved(rel):
+        raise UnsafePathError(f"a checkpoint may not contain a file named {rel}: traind "
+                              "keeps its manifest, claims and part manifests under that name")
     return rel
+
+
+def reserved(rel: str) -> bool:
+    """Whether ``rel`` is a name traind stores beside a checkpoint's files (its manifest,
+    a claim, a part manifest), so no checkpoint file may have it."""
+    if rel in {MANIFEST_NAME, CLAIM_NAME}:
+        return True
+    return rel.endswith(".json") and rel.startswith((PART_PREFIX, PART_CLAIM_PREFIX))
