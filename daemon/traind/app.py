@@ -17,7 +17,7 @@ import structlog
 
 from traind import config
 from traind.backoff import doubling
-from traind.checkpoints import pruner, recovery, writer
+from traind.checkpoints import completion, pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.manifest import Manifest
 from traind.checkpoints.space import SpaceGuard, open_journal
@@ -206,7 +206,8 @@ class Daemon:
             )
             self.observer.supervisor = self.supervisor
         watcher = Watcher(
-            s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked
+            s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked,
+            unmarked_settles=completion.unmarked_settles(node.rank, node.nodes),
         )
         self.streamer.on_rewritten = watcher.reopen
         return watcher
