@@ -401,6 +401,9 @@ class Daemon:
                     self.storage, self.journal, s.retention, s.run.output_dir,
                     s.checkpoints.pattern, self._resuming, remote=self.node.rank == 0,
                 )
+                if self.node.nodes > 1 and self.node.rank == 0:
+                    await pruner.give_up_stranded(self.streamer, self.node.nodes,
+                                                  s.run.part_timeout)
             except Exception as exc:  # a failed prune must never stop the daemon
                 log.error("prune_failed", error=str(exc))
             else:

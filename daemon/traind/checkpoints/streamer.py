@@ -291,8 +291,9 @@ class Streamer:
 
     async def _parts_gone(self, tag: str) -> None:
         """Our part of ``tag`` was stored, and the checkpoint deleted from the store since:
-        committed while this host waited and pruned by node 0 (only committed checkpoints
-        are pruned). Claiming it again would leave an orphan part behind."""
+        committed while this host waited and pruned by node 0, or given up by node 0 when
+        another host's part never came (``run.part_timeout``). Claiming it again would
+        leave an orphan part behind."""
         self._waits.pop(tag, None)
         self.waiting_parts.pop(tag, None)
         self._failures.pop(tag, None)
@@ -300,7 +301,8 @@ class Streamer:
         await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
         log.info("checkpoint_pruned_while_waiting", tag=tag, backend=self.storage.describe,
                  reason="this host's part is gone from the store: the checkpoint was "
-                        "committed and pruned before this host looked again")
+                        "committed and pruned before this host looked again, or node 0 "
+                        "gave it up as abandoned (checkpoint_parts_abandoned)")
 
     async def drop(self, tag: str) -> None:
         """Let go of the snapshot of ``tag`` without storing it (not the one in flight):
