@@ -594,8 +594,9 @@ class Streamer:
         files committed); raise PartsPendingError while some are missing."""
         assert self._node is not None
         ours = mine.writer or await self.writer()
-        await store.commit_part(Part(mine.run, mine.tag, mine.step, self._node.rank,
-                                     self._node.nodes, ours, mine.files, mine.trainer))
+        if mine.tag not in self._waits:  # a re-check leaves it: its created_at is its age
+            await store.commit_part(Part(mine.run, mine.tag, mine.step, self._node.rank,
+                                         self._node.nodes, ours, mine.files, mine.trainer))
         ranks = await store.part_ranks(mine.tag)
         decision: Manifest | Incomplete
         if missing := tuple(r for r in range(self._node.nodes) if r not in ranks):

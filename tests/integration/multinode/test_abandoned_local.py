@@ -12,14 +12,16 @@ from pathlib import Path
 from tests.integration.multinode.test_parts_local import dcp_job, event, host_configs, start
 
 TAG = "checkpoint-1"
-QUICK = {"TRAIND_RUN__PART_TIMEOUT": "3s", "TRAIND_RETENTION__INTERVAL": "500ms"}
+QUICK = {"TRAIND_RUN__PART_TIMEOUT": "15s", "TRAIND_RETENTION__INTERVAL": "500ms"}
+"""A part_timeout above the waiting hosts' longest pause between re-checks (10 s)."""
 
 
 def test_parts_that_never_all_arrive_are_reported_and_deleted_by_node_0(tmp_path: Path) -> None:
     """Of three hosts node 2's daemon never starts: node 0 logs checkpoint_parts_abandoned
     at error level (present 0 and 1, missing 2, the age), shown in traind status, and
     deletes the tag from the store; node 1 finds its part gone; nothing is ever listed, and
-    every host's output_dir keeps its copy."""
+    every host's output_dir keeps its copy. The waiting hosts' re-checks do not make their
+    parts look new."""
     hosts = host_configs(tmp_path, 3)
     dcp_job(tmp_path, steps=1, nodes=3)
     store = tmp_path / "store" / "exp"
@@ -35,7 +37,7 @@ def test_parts_that_never_all_arrive_are_reported_and_deleted_by_node_0(tmp_path
         given_up = event(daemons[0], "checkpoint_parts_abandoned", TAG)
         assert given_up["level"] == "error"
         assert (given_up["present"], given_up["missing"]) == ([0, 1], [2])
-        assert given_up["age"] >= 3
+        assert given_up["age"] >= 15
         event(daemons[1], "checkpoint_pruned_while_waiting", TAG)
         shown = subprocess.run([sys.executable, "-m", "traind", "status", "--json", "-c",
                                 str(hosts[0])], capture_output=True, text=True, timeout=60)
