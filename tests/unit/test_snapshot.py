@@ -154,6 +154,18 @@ def test_a_checkpoint_without_files_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "staging").exists()
 
 
+def test_an_empty_part_is_an_empty_snapshot_where_allowed(tmp_path: Path) -> None:
+    """With empty_ok (a host's part of a multi-node checkpoint) a directory holding only
+    traind's marker is staged as an empty snapshot, dated when it was marked."""
+    src = tmp_path / "checkpoint-4"
+    src.mkdir()
+    (src / EXPLICIT_MARKER).write_text("{}")
+    snap = take(src, tmp_path / "staging/checkpoint-4", empty_ok=True)
+    assert (snap.files, snap.total_bytes) == ((), 0)
+    assert snap.newest_mtime == src.stat().st_mtime
+    assert list((tmp_path / "staging/checkpoint-4").iterdir()) == []
+
+
 def test_vanished_source(tmp_path: Path) -> None:
     """A directory that is gone is reported as vanished, not as an empty checkpoint."""
     with pytest.raises(SourceVanishedError):

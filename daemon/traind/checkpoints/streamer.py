@@ -118,7 +118,8 @@ class Streamer:
         started = time.monotonic()
         try:
             await asyncio.to_thread(self.staging.mkdir, parents=True, exist_ok=True)
-            snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag, whole)
+            snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag, whole,
+                                           self._node is not None)
         except snapshot.SourceVanishedError as exc:
             log.warning("checkpoint_vanished", tag=tag, step=step, error=str(exc))
             self.stage_errors[tag] = str(exc)
@@ -501,7 +502,7 @@ class Streamer:
                     (f.path, f.size) for f in found.files}:
                 raise PartsDisagreeError(f"{tag}: committed without this host's files")
             return await self._finish(tag, step, found, Progress(0), started)
-        if (any(f.sha256 for f in await self._journal.files(tag))
+        if ((tag in self._waits or any(f.sha256 for f in await self._journal.files(tag)))
                 and await parts.part_claim(tag, self._node.rank) is None):
             raise PartsGoneError(tag)  # claimed and sent before, deleted since
         await parts.claim_part(tag, self._node.rank, ours)

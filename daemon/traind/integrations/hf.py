@@ -117,13 +117,16 @@ class TraindCallback(TrainerCallback):
         ``trainer_state.json``) and rank 0 has rotated old checkpoints (checked against
         transformers 5.24's trainer.py). Nothing makes the processes wait for each other
         there, so they meet at a barrier before each node's local main process writes the
-        marker into its node's directory.
+        marker into its node's directory (creating it on a node whose processes wrote
+        nothing: plain DDP with ``save_only_model``, whose part is empty).
         """
         if args.world_size > 1:
             _barrier()
         if args.local_process_index == 0 and args.output_dir is not None:
             run_dir = Path(args.output_dir)
             checkpoint = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if args.world_size > 1:  # a node that wrote nothing of this save (plain DDP with
+                checkpoint.mkdir(parents=True, exist_ok=True)  # save_only_model): empty part
             if checkpoint.is_dir():
                 payload = {"step": state.global_step, "time": time.time()}
                 _write_atomic(checkpoint / EXPLICIT_MARKER, payload, run_dir)

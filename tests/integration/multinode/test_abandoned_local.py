@@ -9,7 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from tests.integration.multinode.test_part_claims_local import store
 from tests.integration.multinode.test_parts_local import dcp_job, event, host_configs, start
+
+from traind.checkpoints.completion import EXPLICIT_MARKER
+from traind.checkpoints.identity import RunIdentity
+from traind.checkpoints.journal import Journal
+from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
+from traind.checkpoints.watcher import StageResult
+from traind.nodes import NodeRank
 
 TAG = "checkpoint-1"
 QUICK = {"TRAIND_RUN__PART_TIMEOUT": "15s", "TRAIND_RETENTION__INTERVAL": "500ms"}
@@ -53,3 +62,26 @@ def test_parts_that_never_all_arrive_are_reported_and_deleted_by_node_0(tmp_path
     assert not daemons[1].named("checkpoint_parts_abandoned")  # node 0 alone deletes
     for rank in range(3):
         assert (tmp_path / f"node{rank}" / "out" / TAG / f"__{rank}_0.distcp").is_file()
+
+
+async def test_an_empty_part_given_up_by_node_0_is_not_claimed_again(tmp_path: Path) -> None:
+    """A host that wrote nothing of a save (only TraindCallback's marker) stores an empty
+    part; once node 0 deletes the checkpoint its re-check finds the part gone and claims
+    nothing again, so no orphan claim is left in the store."""
+    backend = store(tmp_path)
+    src = tmp_path / "out1" / "checkpoint-4"
+    src.mkdir(parents=True)
+    (src / EXPLICIT_MARKER).write_text("{}")
+    journal = Journal(tmp_path / "state1" / "journal.sqlite3",
+                      RunIdentity("run", src.parent, backend.describe))
+    streamer = Streamer("run", tmp_path / "state1", backend, journal,
+                        node=NodeRank(1, 2, "test"))
+    assert await streamer.stage("checkpoint-4", 4, src) is StageResult.STAGED
+    with pytest.raises(PartsPendingError):
+        await streamer.commit("checkpoint-4")
+    assert [p.files for p in await backend.parts("checkpoint-4")] == [()]
+    await backend.delete("checkpoint-4")  # node 0 gave it up: its part never came
+    with pytest.raises(PartsGoneError):
+        await streamer.commit("checkpoint-4")
+    assert not (tmp_path / "store" / "run" / "checkpoint-4").exists()
+    journal.close()

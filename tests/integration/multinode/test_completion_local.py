@@ -15,15 +15,17 @@ from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
 
 from traind.checkpoints.completion import EXPLICIT_MARKER
+from traind.checkpoints.parts import Part, part_name
 from traind.storage.keys import MANIFEST_NAME
 
 DEFAULT_MARKERS = {"TRAIND_CHECKPOINTS__MARKERS": json.dumps(["trainer_state.json", ".metadata"])}
 """Each host's traind with the default markers (no marker of node 1's own)."""
 
 
-def hf_job(tmp_path: Path, steps: int) -> None:
+def hf_job(tmp_path: Path, steps: int, *flags: str) -> None:
     """A real SFT run with TraindCallback under ``torchrun --nnodes=2 --nproc-per-node=1``
-    on gloo, each node saving into its own output_dir; run to the end."""
+    on gloo, each node saving into its own output_dir (``flags`` go to tiny_train); run
+    to the end."""
     need_binary("torchrun")
     need_module("trl")
     port = free_port()
@@ -32,7 +34,7 @@ def hf_job(tmp_path: Path, steps: int) -> None:
             ["torchrun", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
              "--master-addr=127.0.0.1", f"--master-port={port}", str(tiny_train.SCRIPT),
              "--output-dir", str(tmp_path / f"node{rank}" / "out"), "--max-steps", str(steps),
-             "--callback"],
+             "--callback", *flags],
             env={**os.environ, **tiny_train.QUIET_ENV}, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         for rank in range(2)
@@ -93,3 +95,27 @@ def test_hf_trainer_marks_every_node_and_each_part_completes_by_it(tmp_path: Pat
     manifest = json.loads((tmp_path / "store/exp/checkpoint-2" / MANIFEST_NAME).read_text())
     paths = {f["path"] for f in manifest["files"]}
     assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= paths
+
+
+def test_a_node_that_wrote_nothing_of_a_save_stores_an_empty_part(tmp_path: Path) -> None:
+    """Plain DDP with save_only_model writes nothing on node 1: TraindCallback creates its
+    checkpoint-N holding only the marker, node 1 stores an empty part, and the checkpoint
+    is committed with node 0's files."""
+    hosts = host_configs(tmp_path, 2)
+    hf_job(tmp_path, 1, "--save-only-model")
+    assert [p.name for p in (tmp_path / "node1/out/checkpoint-1").iterdir()] == [
+        EXPLICIT_MARKER]
+    env = {**DEFAULT_MARKERS, "TRAIND_CHECKPOINTS__SETTLE": "1h"}
+    daemons = []
+    try:
+        daemons = [start(cfg, rank, env=env) for rank, cfg in enumerate(hosts)]
+        for daemon in daemons:
+            event(daemon, "checkpoint_committed", "checkpoint-1")
+        assert [daemon.stop() for daemon in daemons] == [0, 0]
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+    store = tmp_path / "store/exp/checkpoint-1"
+    manifest = json.loads((store / MANIFEST_NAME).read_text())
+    assert "model.safetensors" in {f["path"] for f in manifest["files"]}
+    assert Part.from_json((store / part_name(1)).read_bytes()).files == ()
