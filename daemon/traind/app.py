@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 
 from traind import config
-from traind.checkpoints import pruner, recovery, writer
+from traind.checkpoints import completion, pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.joint import JointResume
 from traind.checkpoints.journal import Journal
@@ -231,7 +231,8 @@ class Daemon:
             )
             self.observer.supervisor = self.supervisor
         watcher = Watcher(
-            s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked
+            s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked,
+            unmarked_settles=completion.unmarked_settles(node.rank, node.nodes),
         )
         self.streamer.on_rewritten = watcher.reopen
         return watcher
@@ -452,6 +453,9 @@ class Daemon:
                     self.storage, self.journal, s.retention, s.run.output_dir,
                     s.checkpoints.pattern, self._resuming, remote=self.node.rank == 0,
                 )
+                if self.node.nodes > 1 and self.node.rank == 0:
+                    await pruner.give_up_stranded(self.streamer, self.node.nodes,
+                                                  s.run.part_timeout)
             except Exception as exc:  # a failed prune must never stop the daemon
                 log.error("prune_failed", error=str(exc))
             else:

@@ -95,6 +95,9 @@ class RunConfig(Section):
     nodes: int = Field(default=1, ge=1, description="hosts in the job, each running a traind")
     # This host, 0..nodes-1; None: from the scheduler's environment (traind.nodes).
     node_rank: int | None = Field(default=None, ge=0)
+    # With nodes > 1: a checkpoint whose parts have not all arrived this long after the
+    # newest one (a host died for good) is reported and deleted from the store by node 0.
+    part_timeout: PositiveDuration = 6 * 3600.0
 
     @field_validator("name")
     @classmethod

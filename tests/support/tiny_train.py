@@ -4,7 +4,7 @@ Run as a script (it is the trainer command of traind's tests)::
 
     python tests/support/tiny_train.py --output-dir DIR [--max-steps N] [--save-steps 1]
         [--save-total-limit 2] [--resume] [--crash-at-step K] [--hang-at-step K]
-        [--step-sleep SECONDS] [--callback]
+        [--step-sleep SECONDS] [--callback] [--save-only-model]
 
 ``--resume`` continues from ``$TRAIND_RESUME_FROM`` when set, else from the newest
 ``checkpoint-N`` in DIR when there is one. ``--crash-at-step K`` exits with ``CRASH_EXIT``
@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hang-at-step", type=int, default=None)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--callback", action="store_true", help="add traind's TraindCallback")
+    parser.add_argument("--save-only-model", action="store_true",
+                        help="save the model alone (no optimizer, scheduler or RNG state)")
     return parser.parse_args(argv)
 
 
@@ -214,6 +216,7 @@ def build_trainer(opts: argparse.Namespace, callbacks: list[Any] | None = None) 
         save_strategy="steps",
         save_steps=opts.save_steps,
         save_total_limit=opts.save_total_limit,
+        save_only_model=opts.save_only_model,
         logging_steps=1,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=1,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traind.checkpoints.completion import Action, Observation, Tracked, decide, decide_at_stop
+from traind.checkpoints.completion import (
+    Action,
+    Observation,
+    Tracked,
+    decide,
+    decide_at_stop,
+    unmarked_settles,
+)
 from traind.checkpoints.watcher import listing, tag_problem
 
 A = frozenset({("model.bin", 10, 1), ("trainer_state.json", 2, 1)})
@@ -30,6 +37,40 @@ def test_marker_stages_at_once() -> None:
 def test_change_restages() -> None:
     """A change after the snapshot takes a new snapshot."""
     assert decide(Tracked(A, 100.0), seen(B), 200.0, 5.0) is Action.STAGE
+
+
+def test_only_hosts_past_node_0_of_a_multi_node_job_settle_unmarked_directories() -> None:
+    """Node 0 (the coordinator's markers are on its disk) and a single host wait for a
+    marker; every other host of a multi-node job does without."""
+    assert [unmarked_settles(r, 3) for r in range(3)] == [False, True, True]
+    assert not unmarked_settles(0, 1)
+
+
+def test_an_unmarked_directory_with_files_settles_on_a_host_past_node_0() -> None:
+    """Node 1 of a DCP job holds only __1_0.distcp: its directory is staged at once,
+    restaged on change, and complete once quiet for settle, without any marker."""
+    part = frozenset({("__1_0.distcp", 10, 1)})
+    bigger = frozenset({("__1_0.distcp", 20, 2)})
+    assert decide(None, seen(part, marker=False), 100.0, 5.0, True) is Action.STAGE
+    assert decide(Tracked(part, 100.0), seen(bigger, marker=False), 101.0, 5.0,
+                  True) is Action.STAGE
+    assert decide(Tracked(bigger, 101.0), seen(bigger, marker=False), 105.9, 5.0,
+                  True) is Action.WAIT
+    assert decide(Tracked(bigger, 101.0), seen(bigger, marker=False), 106.0, 5.0,
+                  True) is Action.COMPLETE
+
+
+def test_an_empty_unmarked_directory_waits_even_where_unmarked_ones_settle() -> None:
+    """A directory the trainer has just created holds no file yet: nothing to stage (an
+    empty snapshot would give the checkpoint up)."""
+    assert decide(None, seen(frozenset(), marker=False), 100.0, 5.0, True) is Action.WAIT
+
+
+def test_the_explicit_marker_completes_a_part_at_once_on_every_host() -> None:
+    """TraindCallback's marker, written on every node, skips the settle wait there too."""
+    part = frozenset({("rng_state_1.pth", 10, 1)})
+    assert decide(Tracked(part, 100.0), seen(part, marker=False, explicit=True), 100.1, 5.0,
+                  True) is Action.COMPLETE
 
 
 def test_settled_completes() -> None:

@@ -67,8 +67,9 @@ def test_unsafe_tags(bad: str) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["", "/abs", "../x", "a/../b", "a//b", "a/./b", "a/", "traind-manifest.json", "a\nb",
-     "nul\0", "tab\t", "esc\x1b[0m", "\udcff-not-utf8"],
+    ["", "/abs", "../x", "a/../b", "a//b", "a/./b", "a/", "traind-manifest.json",
+     "traind-writer.json", "traind-part-0.json", "traind-part-12.json", "traind-writer-0.json",
+     "a\nb", "nul\0", "tab\t", "esc\x1b[0m", "\udcff-not-utf8"],
 )
 def test_unsafe_relpaths(bad: str) -> None:
     """Relative paths never escape, never collide with the manifest, hold no control
@@ -82,6 +83,8 @@ def test_safe_names_pass() -> None:
     assert check_tag("checkpoint-400") == "checkpoint-400"
     assert check_relpath("global_step400/mp_rank_00_model_states.pt")
     assert check_relpath(".metadata")
+    assert check_relpath("sub/traind-part-0.json")  # only beside the manifest is reserved
+    assert check_relpath("traind-part-0.txt")
 
 
 @pytest.mark.parametrize("name", ["a b.bin", "ü/ñ.json", "q'\"$(x)`;&.bin", " lead", "日本/語 .pt"])

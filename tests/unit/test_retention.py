@@ -6,8 +6,10 @@ import itertools
 
 import pytest
 
-from traind.checkpoints.retention import Candidate, plan_local, plan_remote
+from traind.checkpoints.retention import Candidate, Stranded, plan_local, plan_remote, stranded
 from traind.config import RetentionConfig
+from traind.layout.manifest import Writer
+from traind.layout.parts import Part
 
 
 def ckpts(*steps: int) -> list[Candidate]:
@@ -88,3 +90,32 @@ def test_local_off_and_protected() -> None:
     assert kept(plan_local(present, all_committed, None), keep=False) == set()
     v = plan_local(present, all_committed, 1, protected={"checkpoint-1"})
     assert kept(v, keep=False) == {"checkpoint-2"}
+
+
+def part(rank: int, created_at: float, tag: str = "checkpoint-4", nodes: int = 3) -> Part:
+    return Part("exp", tag, 4, rank, nodes, Writer(str(rank) * 32, f"node{rank}"), (),
+                created_at=created_at)
+
+
+def test_parts_that_stopped_arriving_are_given_up_after_part_timeout() -> None:
+    """A checkpoint missing node 2's part is given up once its newest part is part_timeout
+    old, with the ranks present and missing and the age; not a second before."""
+    parts = {"checkpoint-4": [part(0, 100.0), part(1, 160.0)]}
+    assert stranded(parts, 3, 159.9 + 3600, 3600.0) == []
+    assert stranded(parts, 3, 160.0 + 3600, 3600.0) == [
+        Stranded("checkpoint-4", 4, (0, 1), (2,), 3600.0)]
+
+
+def test_a_complete_set_of_parts_is_never_given_up() -> None:
+    """Every rank's part stored and no manifest (a waiting host commits it, or the parts
+    disagree and are kept): never given up, however old."""
+    parts = {"checkpoint-4": [part(r, 100.0) for r in range(3)]}
+    assert stranded(parts, 3, 1e9, 3600.0) == []
+
+
+def test_each_tag_is_judged_on_its_own_parts() -> None:
+    """Of two uncommitted tags only the one whose parts stopped coming goes; a tag with no
+    part (nothing stored yet) is not judged at all."""
+    parts = {"checkpoint-4": [part(0, 100.0, "checkpoint-4")],
+             "checkpoint-5": [part(0, 5000.0, "checkpoint-5")], "checkpoint-6": []}
+    assert [s.tag for s in stranded(parts, 2, 5000.0, 3600.0)] == ["checkpoint-4"]

@@ -118,6 +118,20 @@ def test_unsafe_file_name_rejects_the_snapshot(tmp_path: Path) -> None:
     assert not (tmp_path / "staging/checkpoint-3.tmp").exists()
 
 
+@pytest.mark.parametrize("name", ["traind-part-0.json", "traind-writer-1.json",
+                                  "traind-part-x.json"])
+def test_a_file_named_like_a_part_or_part_claim_fails_the_snapshot(
+    tmp_path: Path, name: str
+) -> None:
+    """A checkpoint holding a file under a name traind keeps its parts or part claims under
+    fails loudly, naming the file, and nothing is staged."""
+    src = checkpoint(tmp_path)
+    (src / name).write_text("{}")
+    with pytest.raises(UnsafePathError, match=f"may not contain a file named {name}"):
+        take(src, tmp_path / "staging/checkpoint-3")
+    assert not (tmp_path / "staging/checkpoint-3").exists()
+
+
 def test_spaces_and_unicode_in_file_names_are_snapshot(tmp_path: Path) -> None:
     """Files named with spaces, non-ASCII letters or quotes are staged like any other."""
     src = checkpoint(tmp_path)
@@ -138,6 +152,18 @@ def test_a_checkpoint_without_files_is_refused(tmp_path: Path) -> None:
     with pytest.raises(EmptyCheckpointError, match="holds no file to store"):
         take(src, tmp_path / "staging/checkpoint-4")
     assert not (tmp_path / "staging").exists()
+
+
+def test_an_empty_part_is_an_empty_snapshot_where_allowed(tmp_path: Path) -> None:
+    """With empty_ok (a host's part of a multi-node checkpoint) a directory holding only
+    traind's marker is staged as an empty snapshot, dated when it was marked."""
+    src = tmp_path / "checkpoint-4"
+    src.mkdir()
+    (src / EXPLICIT_MARKER).write_text("{}")
+    snap = take(src, tmp_path / "staging/checkpoint-4", empty_ok=True)
+    assert (snap.files, snap.total_bytes) == ((), 0)
+    assert snap.newest_mtime == src.stat().st_mtime
+    assert list((tmp_path / "staging/checkpoint-4").iterdir()) == []
 
 
 def test_vanished_source(tmp_path: Path) -> None:

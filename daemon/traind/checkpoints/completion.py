@@ -7,6 +7,12 @@ has changed for ``settle`` seconds, or when the trainer removed it after we snap
 (trainers rotate only checkpoints they have finished). mtimes are compared for change only,
 never used to order checkpoints. Once the writer is gone (the daemon stopped the trainer)
 nothing changes any more, so at shutdown a marked directory is complete without settling.
+
+In a multi-node job the markers that trainers write on one rank only (``trainer_state.json``
+from HF Trainer's world rank 0, ``.metadata`` from DCP's coordinator) exist on node 0's disk
+alone. There they gate the part as on one host; on every other host (``unmarked_settles``)
+a directory holding files becomes a candidate without a marker and is complete once quiet for
+``settle``, or at once with ``TraindCallback``'s marker, which it writes on every node.
 """
 
 from __future__ import annotations
@@ -57,11 +63,20 @@ class Action(Enum):
     IGNORE = "ignore"
 
 
-def decide(tracked: Tracked | None, seen: Observation | None, now: float, settle: float) -> Action:
-    """Decide the next step for one checkpoint directory."""
+def unmarked_settles(node_rank: int, nodes: int) -> bool:
+    """Whether this host takes a checkpoint directory without a marker as a candidate: every
+    host of a multi-node job but node 0, which holds the coordinator's markers (the host of
+    world rank 0, as ``torchrun --node-rank`` and the schedulers' node ranks make it)."""
+    return nodes > 1 and node_rank > 0
+
+
+def decide(tracked: Tracked | None, seen: Observation | None, now: float, settle: float,
+           unmarked_settles: bool = False) -> Action:
+    """Decide the next step for one checkpoint directory; with ``unmarked_settles`` one
+    holding a file needs no marker to be staged and settle."""
     if seen is None:
         return Action.COMPLETE if tracked is not None else Action.IGNORE
-    if not seen.marked:
+    if not seen.marked and not (unmarked_settles and seen.signature):
         return Action.WAIT
     if tracked is None or seen.signature != tracked.signature:
         return Action.STAGE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,10 +14,18 @@ import structlog
 from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.restore import identity, newest
-from traind.checkpoints.retention import Candidate, Verdict, plan_local, plan_remote
+from traind.checkpoints.retention import (
+    Candidate,
+    Stranded,
+    Verdict,
+    plan_local,
+    plan_remote,
+    stranded,
+)
+from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import candidates
 from traind.config import RetentionConfig
-from traind.storage import Storage
+from traind.storage import PartStore, Storage
 
 log = structlog.get_logger("traind.retention")
 
@@ -116,3 +125,29 @@ async def prune(
             await asyncio.to_thread(shutil.rmtree, output_dir / v.tag, True)
             log.info("checkpoint_pruned", where="local", tag=v.tag, step=v.step, reason=v.reason)
     return result
+
+
+async def give_up_stranded(streamer: Streamer, nodes: int, part_timeout: float) -> list[Stranded]:
+    """On node 0 of a multi-node job: delete from the store each checkpoint whose parts
+    never all arrived within ``part_timeout`` (a host died for good), after letting go of this
+    host's own snapshot of it (the other hosts find their part gone); each one is an error
+    event. Return those given up."""
+    store = streamer.storage
+    if not isinstance(store, PartStore):
+        return []
+    given_up = []
+    for lost in stranded(await store.uncommitted(), nodes, time.time(), part_timeout):
+        if lost.tag == streamer.in_flight:
+            continue  # this host is storing it right now: looked at again next time
+        if lost.tag in streamer.unstored:
+            await streamer.drop(lost.tag)
+        await streamer.storage.delete(lost.tag)
+        given_up.append(lost)
+        log.error("checkpoint_parts_abandoned", tag=lost.tag, step=lost.step,
+                  present=list(lost.present), missing=list(lost.missing),
+                  age=round(lost.age, 1), part_timeout=part_timeout,
+                  backend=streamer.storage.describe,
+                  hint="the hosts missing never stored their part (died for good?): "
+                       "never listed, deleted from the store; this host's snapshot is let "
+                       "go, its copy in output_dir kept")
+    return given_up

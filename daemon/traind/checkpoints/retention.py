@@ -1,15 +1,17 @@
 """Retention: which checkpoints to delete, as pure functions with their reasons.
 
 Never deleted: the newest committed checkpoint, the trainer's best (with ``keep_best``),
-anything protected (being restored), and — locally — anything not yet committed.
+anything protected (being restored), and — locally — anything not yet committed. In a
+multi-node job, an uncommitted checkpoint whose parts stopped arriving (``stranded``) goes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from traind.config import RetentionConfig
+from traind.layout.parts import Part
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,34 @@ def plan_local(
             continue
         verdicts.append(Verdict(c.tag, c.step, True, reason))
     return verdicts
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """An uncommitted multi-node checkpoint given up: the ranks whose parts are stored and
+    those missing, and how long ago (seconds) the newest part arrived."""
+
+    tag: str
+    step: int
+    present: tuple[int, ...]
+    missing: tuple[int, ...]
+    age: float
+
+
+def stranded(
+    uncommitted: Mapping[str, Sequence[Part]], nodes: int, now: float, timeout: float
+) -> list[Stranded]:
+    """The checkpoints of ``uncommitted`` (tag → its stored parts) whose parts never all
+    arrived: a rank of 0..nodes-1 is missing and no part came for ``timeout`` seconds (a
+    host still sending is waited for). A complete set is never given up: a waiting host
+    commits it, or its parts disagree and are kept for inspection."""
+    found = []
+    for tag, parts in sorted(uncommitted.items()):
+        if not parts:
+            continue
+        present = tuple(sorted({p.node_rank for p in parts}))
+        missing = tuple(rank for rank in range(nodes) if rank not in present)
+        age = now - max(p.created_at for p in parts)
+        if missing and age >= timeout:
+            found.append(Stranded(tag, parts[0].step, present, missing, age))
+    return found

@@ -109,9 +109,11 @@ def observe(root: Path, markers: tuple[str, ...]) -> Observation | None:
     return Observation(signature, has_marker, explicit)
 
 
-def take(src: Path, dest: Path, whole: bool = False) -> Snapshot:
+def take(src: Path, dest: Path, whole: bool = False, empty_ok: bool = False) -> Snapshot:
     """Snapshot ``src`` into ``dest`` (replacing an older snapshot there). With ``whole``,
-    a file that would be left out (see ``walk``) fails the snapshot instead."""
+    a file that would be left out (see ``walk``) fails the snapshot instead; with
+    ``empty_ok`` a directory holding no file is an empty snapshot (a host's part of a
+    multi-node checkpoint that its processes wrote nothing of), else it fails."""
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     files: list[StagedFile] = []
@@ -140,7 +142,7 @@ def take(src: Path, dest: Path, whole: bool = False) -> Snapshot:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if not files:
+    if not files and not empty_ok:
         raise EmptyCheckpointError(f"{src} holds no file to store")
     if whole and skipped:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -148,6 +150,9 @@ def take(src: Path, dest: Path, whole: bool = False) -> Snapshot:
             f"{src}: {', '.join(skipped)} would be left out: only regular files, and symlinks "
             "to them inside the checkpoint, are stored; copy the data in, or remove them"
         )
+    if not files:  # empty_ok: the directory itself was last written when it was marked
+        tmp.mkdir(parents=True, exist_ok=True)
+        newest = src.stat().st_mtime
     shutil.rmtree(dest, ignore_errors=True)
     os.rename(tmp, dest)
     return Snapshot(tuple(files), copied, tuple(skipped), newest)

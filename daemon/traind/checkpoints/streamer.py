@@ -120,7 +120,8 @@ class Streamer:
         started = time.monotonic()
         try:
             await asyncio.to_thread(self.staging.mkdir, parents=True, exist_ok=True)
-            snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag, whole)
+            snap = await asyncio.to_thread(snapshot.take, source, self.staging / tag, whole,
+                                           self._node is not None)
         except snapshot.SourceVanishedError as exc:
             log.warning("checkpoint_vanished", tag=tag, step=step, error=str(exc))
             self.stage_errors[tag] = str(exc)
@@ -306,8 +307,9 @@ class Streamer:
 
     async def _parts_gone(self, tag: str) -> None:
         """Our part of ``tag`` was stored, and the checkpoint deleted from the store since:
-        committed while this host waited and pruned by node 0 (only committed checkpoints
-        are pruned). Claiming it again would leave an orphan part behind."""
+        committed while this host waited and pruned by node 0, or given up by node 0 when
+        another host's part never came (``run.part_timeout``). Claiming it again would
+        leave an orphan part behind."""
         self._waits.pop(tag, None)
         self.waiting_parts.pop(tag, None)
         self._failures.pop(tag, None)
@@ -315,7 +317,8 @@ class Streamer:
         await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
         log.info("checkpoint_pruned_while_waiting", tag=tag, backend=self.storage.describe,
                  reason="this host's part is gone from the store: the checkpoint was "
-                        "committed and pruned before this host looked again")
+                        "committed and pruned before this host looked again, or node 0 "
+                        "gave it up as abandoned (checkpoint_parts_abandoned)")
 
     async def drop(self, tag: str) -> None:
         """Let go of the snapshot of ``tag`` without storing it (not the one in flight):
@@ -514,7 +517,7 @@ class Streamer:
                     (f.path, f.size) for f in found.files}:
                 raise PartsDisagreeError(f"{tag}: committed without this host's files")
             return await self._finish(tag, step, found, Progress(0), started)
-        if (any(f.sha256 for f in await self._journal.files(tag))
+        if ((tag in self._waits or any(f.sha256 for f in await self._journal.files(tag)))
                 and await parts.part_claim(tag, self._node.rank) is None):
             raise PartsGoneError(tag)  # claimed and sent before, deleted since
         await parts.claim_part(tag, self._node.rank, ours)
@@ -608,8 +611,9 @@ class Streamer:
         files committed); raise PartsPendingError while some are missing."""
         assert self._node is not None
         ours = mine.writer or await self.writer()
-        await store.commit_part(Part(mine.run, mine.tag, mine.step, self._node.rank,
-                                     self._node.nodes, ours, mine.files, mine.trainer))
+        if mine.tag not in self._waits:  # a re-check leaves it: its created_at is its age
+            await store.commit_part(Part(mine.run, mine.tag, mine.step, self._node.rank,
+                                         self._node.nodes, ours, mine.files, mine.trainer))
         ranks = await store.part_ranks(mine.tag)
         decision: Manifest | Incomplete
         if missing := tuple(r for r in range(self._node.nodes) if r not in ranks):

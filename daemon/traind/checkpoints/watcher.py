@@ -98,8 +98,12 @@ class Watcher:
         on_complete: OnComplete,
         done: set[str],
         tracked: Iterable[str] = (),
+        unmarked_settles: bool = False,
     ) -> None:
         self._config = config
+        self._unmarked_settles = unmarked_settles
+        """A host of a multi-node job that never sees the coordinator's markers (see
+        ``completion.unmarked_settles``)."""
         self._dir = output_dir
         self._on_stage = on_stage
         self._on_complete = on_complete
@@ -183,7 +187,8 @@ class Watcher:
 
     async def _advance(self, tag: str, step: int, seen: Observation | None) -> None:
         now = time.monotonic()
-        action = decide(self._tracked.get(tag), seen, now, self._config.settle)
+        action = decide(self._tracked.get(tag), seen, now, self._config.settle,
+                        self._unmarked_settles)
         if action is Action.STAGE and seen is not None:
             result = await self._on_stage(tag, step, self._dir / tag)
             if result is StageResult.STAGED:

@@ -8,7 +8,10 @@ Add ``TraindCallback()`` to the trainer's callbacks. It does two things:
   ``"saving"`` (from the step end that decided to save until the save finished, so the
   daemon does not count checkpoint writing as a hang) or ``"done"``.
 - **Completion marker.** After each save it writes ``EXPLICIT_MARKER`` into the new
-  ``checkpoint-N`` directory, which the watcher trusts over quiet-period heuristics.
+  ``checkpoint-N`` directory, which the watcher trusts over quiet-period heuristics. In a
+  job of several processes every one has saved first (a barrier), and the marker goes into
+  every node's directory (each node's local main process writes it), so the traind of every
+  host knows its part is whole, not only the host of world rank 0.
 - **Snapshot handshake.** Under traind (``TRAIND_ACK_DIR`` set) it then waits until the
   daemon holds a snapshot of that checkpoint — milliseconds — so even
   ``save_total_limit=1`` cannot rotate a checkpoint away before traind has it.
@@ -107,14 +110,23 @@ class TraindCallback(TrainerCallback):
     ) -> None:
         """Mark the checkpoint just written as complete, then report "training" again.
 
-        Trainer._maybe_log_save_evaluate calls ``on_save`` right after ``_save_checkpoint``
-        returns, and ``_save_checkpoint`` has by then written the model, optimizer,
-        scheduler, RNG state and ``trainer_state.json`` (only where ``args.should_save``)
-        and rotated old checkpoints (checked against transformers 5.24's trainer.py).
+        Trainer._maybe_log_save_evaluate calls ``on_save`` on every process right after its
+        ``_save_checkpoint`` returns. By then that process has written its files (every
+        process its ``rng_state_<rank>.pth`` and FSDP/DeepSpeed shards, creating the
+        directory on every node; world rank 0 the model, optimizer, scheduler and
+        ``trainer_state.json``) and rank 0 has rotated old checkpoints (checked against
+        transformers 5.24's trainer.py). Nothing makes the processes wait for each other
+        there, so they meet at a barrier before each node's local main process writes the
+        marker into its node's directory (creating it on a node whose processes wrote
+        nothing: plain DDP with ``save_only_model``, whose part is empty).
         """
-        if args.should_save and args.output_dir is not None:
+        if args.world_size > 1:
+            _barrier()
+        if args.local_process_index == 0 and args.output_dir is not None:
             run_dir = Path(args.output_dir)
             checkpoint = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if args.world_size > 1:  # a node that wrote nothing of this save (plain DDP with
+                checkpoint.mkdir(parents=True, exist_ok=True)  # save_only_model): empty part
             if checkpoint.is_dir():
                 payload = {"step": state.global_step, "time": time.time()}
                 _write_atomic(checkpoint / EXPLICIT_MARKER, payload, run_dir)
@@ -144,6 +156,15 @@ class TraindCallback(TrainerCallback):
     ) -> None:
         """Last heartbeat: training finished normally."""
         self.beat(state, "done")
+
+
+def _barrier() -> None:
+    """Wait until every process of the job has reached this point (here: finished writing
+    its files of a save); nothing to wait for without torch.distributed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def _phase(control: TrainerControl) -> Phase:

@@ -21,6 +21,10 @@ CLAIM_NAME = "traind-writer.json"
 AGREEMENT_DIR = ".traind-resume"
 """The reserved name beside the run's tags holding the requests and the board: a leading
 dot and no step number, so it never matches a checkpoint pattern or passes for a tag."""
+PART_PREFIX = "traind-part-"
+"""A multi-node checkpoint's part manifests: ``traind-part-<rank>.json`` (layout/parts.py)."""
+PART_CLAIM_PREFIX = "traind-writer-"
+"""The claims on a multi-node checkpoint's parts: ``traind-writer-<rank>.json``."""
 
 
 def check_component(value: str, what: str = "name") -> str:
@@ -53,6 +57,15 @@ def check_relpath(rel: str) -> str:
                 f"unsafe relative path {rel!r}: control characters (and bytes that are not "
                 "UTF-8) are not allowed in file names"
             )
-    if rel in {MANIFEST_NAME, CLAIM_NAME}:
-        raise UnsafePathError(f"a checkpoint may not contain a file named {rel}")
+    if reserved(rel):
+        raise UnsafePathError(f"a checkpoint may not contain a file named {rel}: traind "
+                              "keeps its manifest, claims and part manifests under that name")
     return rel
+
+
+def reserved(rel: str) -> bool:
+    """Whether ``rel`` is a name traind stores beside a checkpoint's files (its manifest,
+    a claim, a part manifest), so no checkpoint file may have it."""
+    if rel in {MANIFEST_NAME, CLAIM_NAME}:
+        return True
+    return rel.endswith(".json") and rel.startswith((PART_PREFIX, PART_CLAIM_PREFIX))

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from traind.errors import IntegrityError
+from traind.layout.keys import PART_CLAIM_PREFIX as PART_CLAIM_PREFIX
+from traind.layout.keys import PART_PREFIX as PART_PREFIX
 from traind.layout.keys import check_tag
 from traind.layout.manifest import (
     FORMAT_VERSION,
@@ -25,9 +27,6 @@ from traind.layout.manifest import (
     parse_files,
     to_json,
 )
-
-PART_PREFIX = "traind-part-"
-PART_CLAIM_PREFIX = "traind-writer-"
 
 
 def part_name(rank: int) -> str:

@@ -144,6 +144,11 @@ class PartStore(Protocol):
         """Every part manifest stored for ``tag``, in no particular order."""
         ...
 
+    async def uncommitted(self) -> dict[str, list[Part]]:
+        """Every tag of this run holding part manifests and no manifest, with its parts:
+        node 0 looks for checkpoints whose parts never all arrive (a host died for good)."""
+        ...
+
     async def committed(self, tag: str) -> Manifest | None:
         """The manifest of ``tag`` when it is committed: one small read, how a host whose
         part waits learns that the last part's host committed the union."""

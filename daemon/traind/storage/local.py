@@ -220,6 +220,15 @@ class LocalBackend:
         except FileNotFoundError:
             return None
 
+    async def uncommitted(self) -> dict[str, list[Part]]:
+        return await _io(self._uncommitted)
+
+    def _uncommitted(self) -> dict[str, list[Part]]:
+        if not self._root.is_dir():
+            return {}
+        return {entry.name: parts for entry in sorted(self._root.iterdir())
+                if not (entry / MANIFEST_NAME).exists() and (parts := self._read_parts(entry))}
+
     async def parts(self, tag: str) -> list[Part]:
         return await _io(self._read_parts, self._root / check_tag(tag))
 
