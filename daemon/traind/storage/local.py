@@ -38,7 +38,7 @@ from traind.storage.claim import (
 )
 from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash_file
 from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
-from traind.storage.tasks import Slots, task_group
+from traind.storage.tasks import fan_out
 
 PART_SUFFIX = ".traind-part"
 P = ParamSpec("P")
@@ -68,15 +68,12 @@ class LocalBackend:
         """Copy ``files`` under ``tag`` with ``store`` (in a thread, ``concurrency`` at once),
         each journalled through ``session`` as soon as it is in place."""
         dest = self._root / check_tag(tag)
-        slots = Slots(self._concurrency)
 
         async def one(f: LocalFile) -> None:
             sha = await _io(store, root / f.path, dest / check_relpath(f.path), session.advance)
             await session.file_done(f.path, sha)
 
-        async with task_group() as tg:
-            for f in files:
-                tg.create_task(slots.run(functools.partial(one, f)))
+        await fan_out(files, self._concurrency, one)
 
     async def claim(self, tag: str, writer: Writer) -> None:
         await _io(self._claim, tag, writer)
@@ -219,17 +216,12 @@ class LocalBackend:
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         src = self._root / check_tag(manifest.tag)
-        slots = Slots(self._concurrency)
-        hashes: dict[str, str] = {}
 
-        async def one(path: str) -> None:
-            _, hashes[path] = await _io(_fetch_file, src / path, dest / check_relpath(path),
-                                        advance)
+        async def one(path: str) -> tuple[str, str]:
+            _, sha = await _io(_fetch_file, src / path, dest / check_relpath(path), advance)
+            return path, sha
 
-        async with task_group() as tg:
-            for entry in manifest.files:
-                tg.create_task(slots.run(functools.partial(one, entry.path)))
-        return hashes
+        return dict(await fan_out((e.path for e in manifest.files), self._concurrency, one))
 
     async def delete(self, tag: str) -> None:
         await _io(self._delete, self._root / check_tag(tag))

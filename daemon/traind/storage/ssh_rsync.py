@@ -31,6 +31,7 @@ from traind.storage.fileio import hash_file
 from traind.storage.ssh_command import ssh_argv, ssh_failure
 from traind.storage.ssh_link import SSHLink, retrying
 from traind.storage.ssh_sftp import counted, makedirs
+from traind.storage.tasks import fan_out
 
 MIN_VERSION = (3, 2, 4)
 """The first rsync with ``--fsync`` (and ``--secluded-args``); needed at both ends."""
@@ -139,17 +140,14 @@ def _check_version(where: str, version_output: str) -> None:
 
 
 async def _hash_all(root: Path, files: Sequence[LocalFile]) -> dict[str, str]:
-    limit = asyncio.Semaphore(2)
-
     async def one(f: LocalFile) -> tuple[str, str]:
-        async with limit:
-            try:
-                _, sha = await asyncio.to_thread(hash_file, root / f.path)
-            except OSError as exc:
-                raise StorageError(f"cannot read {root / f.path}: {exc.strerror or exc}") from exc
-            return f.path, sha
+        try:
+            _, sha = await asyncio.to_thread(hash_file, root / f.path)
+        except OSError as exc:
+            raise StorageError(f"cannot read {root / f.path}: {exc.strerror or exc}") from exc
+        return f.path, sha
 
-    return dict(await asyncio.gather(*(one(f) for f in files)))
+    return dict(await fan_out(files, 2, one))
 
 
 def progress_totals(buffer: bytes) -> tuple[list[int], bytes]:
