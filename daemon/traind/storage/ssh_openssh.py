@@ -38,6 +38,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import structlog
 
+from traind import child
 from traind.errors import StorageError, TransientStorageError
 from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
@@ -175,9 +176,9 @@ class _Connection:
             with contextlib.suppress(OSError):  # over the per-user pipe quota: keep 64 KiB
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *sftp_argv(link.config, link.known_hosts), stdin=child_in, stdout=child_out,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            proc = await child.spawn(
+                sftp_argv(link.config, link.known_hosts), stdin=child_in, stdout=child_out,
+                stderr=asyncio.subprocess.PIPE,
             )
         except BaseException as exc:
             os.close(ours_out)
@@ -238,13 +239,8 @@ class _Connection:
     async def _close(self) -> None:
         """SIGTERM to ssh's process group, SIGKILL after ``STOP_GRACE``; the pipe is closed
         once the thread using it is done (ssh's exit ends the thread's I/O)."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if self._proc.returncode is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, sig)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), STOP_GRACE)
+        if self._proc.returncode is None:
+            await child.stop(self._proc, STOP_GRACE, (signal.SIGTERM, signal.SIGKILL))
         pending = [f for f in (self._work, self._stderr) if f is not None]
         await asyncio.wait(pending, timeout=STOP_GRACE)
         if self._work is None or self._work.done():
