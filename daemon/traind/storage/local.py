@@ -11,7 +11,6 @@ import asyncio
 import functools
 import os
 import shutil
-import threading
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
@@ -36,11 +35,18 @@ from traind.storage.claim import (
     check_lease,
     is_claim_file,
 )
-from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash_file
+from traind.storage.fileio import (
+    copy_hashed,
+    create_exclusive,
+    fsync_dir,
+    hash_file,
+    temporary_name,
+    unique_temporary_name,
+    write_atomic,
+)
 from traind.storage.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.storage.tasks import fan_out
 
-PART_SUFFIX = ".traind-part"
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -111,7 +117,7 @@ class LocalBackend:
     def _renew(self, tag: str, writer: Writer, at: float | None) -> None:
         path = self._root / check_tag(tag) / CLAIM_NAME
         found = check_held(tag, writer, self._lease(tag), str(path))
-        _write_atomic(path, found.renewed(at).to_json())
+        write_atomic(path, found.renewed(at).to_json())
 
     async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
         return await _io(self._take_over, self._root / check_tag(tag), stale, writer)
@@ -160,7 +166,7 @@ class LocalBackend:
 
     async def commit_part(self, part: Part) -> None:
         target = self._root / check_tag(part.tag) / part_name(part.node_rank)
-        await _io(_write_atomic, target, part.to_json())
+        await _io(write_atomic, target, part.to_json())
 
     async def part_ranks(self, tag: str) -> set[int]:
         return await _io(self._part_ranks, self._root / check_tag(tag))
@@ -199,7 +205,7 @@ class LocalBackend:
         if not create_exclusive(target, data):
             check_committed(manifest.tag, manifest.writer, self._manifest(manifest.tag),
                             self.describe)
-            _write_atomic(target, data)  # our own, retried: the objects are these
+            write_atomic(target, data)  # our own, retried: the objects are these
 
     async def manifests(self) -> list[Manifest]:
         return await _io(self._read_manifests)
@@ -270,7 +276,7 @@ async def _io(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 def _store_file(src: Path, target: Path, advance: Advance) -> str:
     """Copy ``src`` to ``target`` under a temporary name, then rename; return its sha256."""
-    part = target.with_name(target.name + PART_SUFFIX)
+    part = target.with_name(temporary_name(target.name))
     _, sha = copy_hashed(src, part, advance)
     os.replace(part, target)
     return sha
@@ -286,7 +292,7 @@ def _part_holder(tag_dir: Path) -> Writer | None:
 def _store_file_once(tag: str, src: Path, target: Path, advance: Advance) -> str:
     """Store a part's file under a name of its own, then link it into place unless another
     host stored that path already: kept when the bytes agree, PartsDisagreeError if not."""
-    part = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}{PART_SUFFIX}")
+    part = target.with_name(unique_temporary_name(target.name))
     try:
         _, sha = copy_hashed(src, part, advance)
         try:
@@ -314,13 +320,3 @@ def _fetch_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
             raise
         raise IntegrityError(f"{src}: missing from the store") from exc
 
-
-def _write_atomic(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(target.name + PART_SUFFIX)
-    with open(part, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, target)
-    fsync_dir(target.parent)

@@ -41,11 +41,10 @@ import structlog
 from traind import child
 from traind.errors import StorageError, TransientStorageError
 from traind.storage import ssh_wire as wire
-from traind.storage.base import Advance
+from traind.storage.base import Advance, counted
 from traind.storage.ssh_command import sftp_argv, ssh_failure
 from traind.storage.ssh_link import SSHLink, retrying
 from traind.storage.ssh_pipe import ConnectionLost, SFTPPipe
-from traind.storage.ssh_sftp import counted
 
 P = ParamSpec("P")
 T = TypeVar("T")

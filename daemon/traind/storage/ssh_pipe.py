@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from traind.errors import StorageError, TransientStorageError
 from traind.storage import ssh_wire as wire
 from traind.storage.base import Advance
-from traind.storage.fileio import StagedWriter, create, hash_file
-from traind.storage.local import PART_SUFFIX
+from traind.storage.fileio import StagedWriter, create, hash_file, temporary_name
 
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash
@@ -106,7 +105,7 @@ class SFTPPipe:
 
     def put(self, local: Path, remote: str, advance: Advance) -> tuple[int, str]:
         """Upload ``local`` as ``remote`` (temporary name, fsync, rename); (bytes, sha256)."""
-        part = remote + PART_SUFFIX
+        part = temporary_name(remote)
         digest = hashlib.sha256()
         try:
             fd = os.open(local, os.O_RDONLY)

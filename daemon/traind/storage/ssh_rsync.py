@@ -25,11 +25,11 @@ import asyncssh
 from traind import child
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError, UnsafePathError
-from traind.storage.base import LocalFile, UploadSession
+from traind.storage.base import LocalFile, UploadSession, counted
 from traind.storage.fileio import hash_file
 from traind.storage.ssh_command import ssh_argv, ssh_failure
 from traind.storage.ssh_link import SSHLink, retrying
-from traind.storage.ssh_sftp import counted, makedirs
+from traind.storage.ssh_sftp import makedirs
 from traind.storage.tasks import fan_out
 
 MIN_VERSION = (3, 2, 4)
