@@ -23,12 +23,9 @@ from pathlib import Path
 CHUNK = 4 * 1024 * 1024
 WRITE_PIECE = 32 * 1024
 """Bytes per buffered write call at most (as s5cmd writes): SFTP and openssh downloads, and
-local copies and S3 restores where direct writes are not taken (``direct_io``).
-
-The kernel sizes new page-cache folios by the write (ext4, Linux 6.18): 1 MiB writes at
-aligned offsets get 1 MiB folios, which measured 3-10x the CPU per byte on this VM. 32 KiB
-writes doubled local commit throughput (1 GiB: 0.56 -> 1.24 GB/s against 4 MiB writes) and
-cut S3 restore CPU by ~0.4 s/GB against 256 KiB writes."""
+local copies and S3 restores where direct writes are not taken (``direct_io``). Small
+writes keep the kernel from sizing new page-cache folios by the write, which costs far more
+CPU per byte for large ones (the README's bench rows)."""
 
 PART_SUFFIX = ".traind-part"
 """The ending of a file's name while it is written: renamed once whole and fsynced, so a
@@ -56,10 +53,10 @@ def preallocate(fd: int, size: int) -> None:
     """Reserve disk space for the ``size`` bytes about to be written to ``fd``.
 
     A disk too full for them fails here, with ENOSPC, rather than half-way through; and
-    writes into reserved blocks cost less (ext4, 1 GiB in 32 KiB writes: 0.24 CPU s against
-    0.31). The file's size is left alone. A filesystem without ``fallocate`` (NFSv3, ...)
-    is written as it would have been: glibc's ``posix_fallocate`` would emulate it there by
-    writing every block, so this calls ``fallocate`` itself.
+    writes into reserved blocks cost less CPU. The file's size is left alone. A filesystem
+    without ``fallocate`` (NFSv3, ...) is written as it would have been: glibc's
+    ``posix_fallocate`` would emulate it there by writing every block, so this calls
+    ``fallocate`` itself.
     """
     call = _fallocate()
     if call is None or size <= 0:
@@ -93,9 +90,7 @@ def direct_io(fd: int, on: bool = True) -> bool:
     """Switch ``fd`` to direct I/O (``O_DIRECT``) or back; return whether it is now direct.
 
     Direct writes go from the caller's buffer to the disk, without copying into new
-    page-cache pages: on this VM that copy measured 0.6-0.9 CPU s/GB, more than sha256.
-    Local commits of 1 GiB went from 1.12 to 1.70 GB/s (bench/local_commit.py), S3
-    restores from 1.7-3.5 to 0.9-1.0 client CPU s/GB.
+    page-cache pages, a copy that costs more CPU than sha256 (the README's bench notes).
     They need ``ALIGN``-ed offsets, lengths and buffers (see ``write_at``). A file outside
     ``_DIRECT_FILESYSTEMS``, or one whose filesystem refuses, stays buffered (False).
     """
