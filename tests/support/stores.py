@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
+from tests.support.seaweed import running_seaweed
 from tests.support.sshd import HOST, SSHServer
 
 
@@ -22,11 +22,7 @@ def store_section(kind: str, tmp_path: Path) -> Iterator[str]:
         need_module("aiobotocore")
         with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
             server.create_bucket("ckpts")
-            yield (
-                f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-                f'region = "{REGION}"\naddressing_style = "path"\n'
-                f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
-            )
+            yield server.storage_toml()
         return
     need_module("asyncssh")
     server = SSHServer(need_binary("sshd"), tmp_path / "sshd")
