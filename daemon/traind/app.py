@@ -24,6 +24,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.space import Pinned, SpaceGuard, open_journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
+from traind.child import uninterrupted
 from traind.config import Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.layout.manifest import Manifest
@@ -35,7 +36,6 @@ from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
 from traind.storage import Storage, open_storage
 from traind.supervisor.leftovers import stop_leftovers
-from traind.supervisor.process import uninterrupted
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
 from traind.units import parse_floor

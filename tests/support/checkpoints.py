@@ -86,7 +86,11 @@ def stored(store: Path, run: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def setup(tmp_path: Path, extra: str = "", storage_extra: str = "") -> tuple[Path, Path, Path]:
+def setup(
+    tmp_path: Path, extra: str = "", storage_extra: str = "", storage: str | None = None
+) -> tuple[Path, Path, Path]:
+    """A run's output dir, local store and config under ``tmp_path``; ``storage`` (a
+    ``[storage]`` section's keys) replaces the local store."""
     out, store = tmp_path / "out", tmp_path / "store"
     out.mkdir()
     cfg = write_config(
@@ -94,10 +98,17 @@ def setup(tmp_path: Path, extra: str = "", storage_extra: str = "") -> tuple[Pat
         run="exp",
         output_dir=out,
         state_dir=tmp_path / "state",
-        storage=f'type = "local"\npath = "{store}"\n{storage_extra}',
+        storage=storage or f'type = "local"\npath = "{store}"\n{storage_extra}',
         extra=extra,
     )
     return out, store, cfg
+
+
+def swap_storage(cfg: Path, storage: str) -> None:
+    """Replace the ``[storage]`` section of the config at ``cfg`` with ``storage``'s keys."""
+    text = cfg.read_text()
+    start, end = text.index("[storage]"), text.index("[retention]")
+    cfg.write_text(text[:start] + "[storage]\n" + storage + "\n" + text[end:])
 
 
 def rewrite(path: Path, data: bytes) -> str:

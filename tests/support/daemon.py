@@ -19,6 +19,11 @@ from tests.support.net import free_port
 Event = dict[str, Any]
 
 
+def is_event(name: str, **fields: object) -> Callable[[Event], bool]:
+    """A ``wait_for`` predicate: an event ``name`` whose ``fields`` have these values."""
+    return lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
+
+
 def write_config(
     path: Path,
     *,

@@ -70,6 +70,14 @@ class SeaweedS3:
         """The S3 endpoint URL."""
         return f"http://127.0.0.1:{self.ports['s3.port']}"
 
+    def storage_toml(self, bucket: str = "ckpts", **keys: str | int | None) -> str:
+        """A ``[storage]`` section's keys for ``bucket`` on this server with the test
+        credentials, plus ``keys`` (``part_size="5MiB"``; None leaves a key out)."""
+        found = {"type": "s3", "bucket": bucket, "endpoint_url": self.endpoint,
+                 "region": REGION, "addressing_style": "path", "access_key_id": ACCESS_KEY,
+                 "secret_access_key": SECRET_KEY} | keys
+        return "".join(f"{k} = {json.dumps(v)}\n" for k, v in found.items() if v is not None)
+
     @property
     def log_path(self) -> Path:
         """Where the server's stdout and stderr go."""

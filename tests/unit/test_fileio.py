@@ -105,3 +105,23 @@ def test_shared_fd_is_closed_by_its_last_user(tmp_path: Path) -> None:
         os.fstat(fd)
     with pytest.raises(OSError, match="abandoned"), shared.using():
         pass
+
+
+def test_write_atomic_replaces_whole_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """``write_atomic`` creates the directory, replaces what was there with the new bytes
+    and leaves no ``.traind-part`` file behind."""
+    target = tmp_path / "a" / "b" / "claim.json"
+    fileio.write_atomic(target, b"old")
+    fileio.write_atomic(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert os.listdir(target.parent) == ["claim.json"]
+
+
+def test_temporary_names_for_linking_are_never_shared() -> None:
+    """Two exclusive creates of one name, from the same thread or from hosts whose pids
+    agree, write under temporary names of their own."""
+    names = {fileio.unique_temporary_name("dir/traind-writer.json") for _ in range(100)}
+    assert len(names) == 100
+    assert all(n.startswith("dir/traind-writer.json.") and n.endswith(fileio.PART_SUFFIX)
+               for n in names)
+    assert fileio.temporary_name("dir/x") == "dir/x" + fileio.PART_SUFFIX

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from traind.errors import StorageError
-from traind.storage.tasks import Slots, task_group
+from traind.storage.tasks import Slots, fan_out, task_group
 
 
 async def test_after_a_failure_no_waiting_call_starts() -> None:
@@ -49,3 +49,34 @@ async def test_slots_bound_how_many_run_at_once() -> None:
         tasks = [tg.create_task(slots.run(lambda n=n: one(n))) for n in range(6)]
     assert most == 2
     assert [t.result() for t in tasks] == list(range(6))
+
+
+async def test_fan_out_bounds_calls_and_keeps_the_order_of_results() -> None:
+    """``fan_out`` runs at most ``limit`` calls at once and returns results in item order."""
+    running, most = 0, 0
+
+    async def one(n: int) -> int:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01 * (6 - n))  # later items finish first
+        running -= 1
+        return n * 10
+
+    assert await fan_out(range(6), 3, one) == [0, 10, 20, 30, 40, 50]
+    assert most == 3
+
+
+async def test_fan_out_raises_the_failure_itself_and_starts_nothing_after_it() -> None:
+    """The first failure is raised by itself (not an ExceptionGroup) and no waiting item
+    starts once it happened."""
+    started: list[int] = []
+
+    async def one(n: int) -> None:
+        started.append(n)
+        if n == 0:
+            raise StorageError("boom")
+
+    with pytest.raises(StorageError, match="boom"):
+        await fan_out(range(4), 1, one)
+    assert started == [0]

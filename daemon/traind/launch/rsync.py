@@ -7,17 +7,18 @@ with whatever it started (rsync's ssh, a shell's children).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import shlex
-import signal
 import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from traind import child
 from traind.launch.base import LineSink, RemoteResult
 from traind.launch.errors import RemoteCommandError
+
+KILL_WAIT = 5.0
+"""Seconds a child that timed out or was cancelled gets to go after SIGKILL to its group."""
 
 
 def rsync_argv(
@@ -55,9 +56,9 @@ async def run_local(
     """Run ``argv`` for at most ``within`` seconds; stdout lines go to ``stream``, stderr's
     tail into the result."""
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
+    proc = await child.spawn(
+        argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env,
     )
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -68,27 +69,16 @@ async def run_local(
             sink(raw.decode(errors="replace").rstrip("\n"))
 
     try:
-        async with asyncio.timeout(within):
+        async with child.stopped_on_error(proc, KILL_WAIT), asyncio.timeout(within):
             await asyncio.gather(
                 lines(proc.stdout, stream or (lambda _: None)), lines(proc.stderr, tail.append)
             )
             code = await proc.wait()
     except TimeoutError as exc:
-        await _kill_group(proc)
         raise RemoteCommandError(f"{what} did not finish within {within}s") from exc
-    except BaseException:
-        await _kill_group(proc)
-        raise
     return RemoteResult(
         code if code >= 0 else 128 - code, time.monotonic() - started, "\n".join(tail)
     )
-
-
-async def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=5)
 
 
 def check(result: RemoteResult, what: str) -> RemoteResult:

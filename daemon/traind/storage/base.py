@@ -10,7 +10,8 @@ a lease its writer renews while uploading; a stale one (its writer died) is take
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -21,6 +22,35 @@ from traind.storage.claim import Lease
 
 Advance = Callable[[int], None]
 """Progress callback: called with the number of bytes just moved (thread-safe, cheap)."""
+
+
+class Counted:
+    """An ``Advance`` that remembers how much it reported, to take it back on failure."""
+
+    def __init__(self, advance: Advance) -> None:
+        self._advance = advance
+        self.moved = 0
+
+    def __call__(self, nbytes: int) -> None:
+        self.moved += nbytes
+        self._advance(nbytes)
+
+    def rewind(self) -> None:
+        """Report the bytes counted so far as not moved after all."""
+        self._advance(-self.moved)
+        self.moved = 0
+
+
+@contextlib.contextmanager
+def counted(advance: Advance) -> Iterator[Counted]:
+    """Count what the block reports through ``advance``; take it back if the block fails,
+    so that a retry does not count the same bytes twice."""
+    tally = Counted(advance)
+    try:
+        yield tally
+    except BaseException:
+        tally.rewind()
+        raise
 
 
 @dataclass(frozen=True)

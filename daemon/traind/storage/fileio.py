@@ -1,4 +1,5 @@
-"""Blocking file helpers shared by backends: copy or read with sha256 in one pass.
+"""Blocking file helpers shared by backends: copy or read with sha256 in one pass, and the
+atomic write (temporary name, fsync, rename) with the temporary names every backend uses.
 
 They run in threads (``asyncio.to_thread``); hashlib releases the GIL on large buffers, so
 several can run at once on different cores.
@@ -15,6 +16,7 @@ import functools
 import hashlib
 import mmap
 import os
+import secrets
 import threading
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
@@ -28,12 +30,24 @@ T = TypeVar("T")
 CHUNK = 4 * 1024 * 1024
 WRITE_PIECE = 32 * 1024
 """Bytes per buffered write call at most (as s5cmd writes): SFTP and openssh downloads, and
-local copies and S3 restores where direct writes are not taken (``direct_io``).
+local copies and S3 restores where direct writes are not taken (``direct_io``). Small
+writes keep the kernel from sizing new page-cache folios by the write, which costs far more
+CPU per byte for large ones (the README's bench rows)."""
 
-The kernel sizes new page-cache folios by the write (ext4, Linux 6.18): 1 MiB writes at
-aligned offsets get 1 MiB folios, which measured 3-10x the CPU per byte on this VM. 32 KiB
-writes doubled local commit throughput (1 GiB: 0.56 -> 1.24 GB/s against 4 MiB writes) and
-cut S3 restore CPU by ~0.4 s/GB against 256 KiB writes."""
+PART_SUFFIX = ".traind-part"
+"""The ending of a file's name while it is written: renamed once whole and fsynced, so a
+file with its final name is always whole (local, SFTP and openssh stores alike)."""
+
+
+def temporary_name(target: str) -> str:
+    """The temporary name ``target`` is written under before the rename that publishes it."""
+    return target + PART_SUFFIX
+
+
+def unique_temporary_name(target: str) -> str:
+    """A temporary name for ``target`` that no other writer uses (another thread, process or
+    host of a shared store): for a write that links into place rather than renaming."""
+    return f"{target}.{secrets.token_hex(6)}{PART_SUFFIX}"
 
 
 ALIGN = 4096
@@ -46,10 +60,10 @@ def preallocate(fd: int, size: int) -> None:
     """Reserve disk space for the ``size`` bytes about to be written to ``fd``.
 
     A disk too full for them fails here, with ENOSPC, rather than half-way through; and
-    writes into reserved blocks cost less (ext4, 1 GiB in 32 KiB writes: 0.24 CPU s against
-    0.31). The file's size is left alone. A filesystem without ``fallocate`` (NFSv3, ...)
-    is written as it would have been: glibc's ``posix_fallocate`` would emulate it there by
-    writing every block, so this calls ``fallocate`` itself.
+    writes into reserved blocks cost less CPU. The file's size is left alone. A filesystem
+    without ``fallocate`` (NFSv3, ...) is written as it would have been: glibc's
+    ``posix_fallocate`` would emulate it there by writing every block, so this calls
+    ``fallocate`` itself.
     """
     call = _fallocate()
     if call is None or size <= 0:
@@ -83,9 +97,7 @@ def direct_io(fd: int, on: bool = True) -> bool:
     """Switch ``fd`` to direct I/O (``O_DIRECT``) or back; return whether it is now direct.
 
     Direct writes go from the caller's buffer to the disk, without copying into new
-    page-cache pages: on this VM that copy measured 0.6-0.9 CPU s/GB, more than sha256.
-    Local commits of 1 GiB went from 1.12 to 1.70 GB/s (bench/local_commit.py), S3
-    restores from 1.7-3.5 to 0.9-1.0 client CPU s/GB.
+    page-cache pages, a copy that costs more CPU than sha256 (the README's bench notes).
     They need ``ALIGN``-ed offsets, lengths and buffers (see ``write_at``). A file outside
     ``_DIRECT_FILESYSTEMS``, or one whose filesystem refuses, stays buffered (False).
     """
@@ -346,6 +358,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_atomic(target: Path, data: bytes) -> None:
+    """Write ``target`` (and its directory) whole: temporary name, fsync, rename, and the
+    directory fsynced, so that a crash leaves the old file or the new one, never a part."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(temporary_name(target.name))
+    _write_synced(part, data)
+    os.replace(part, target)
+    fsync_dir(target.parent)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def create_exclusive(target: Path, data: bytes) -> bool:
     """Create ``target`` holding ``data`` unless it exists; return whether this call made it.
 
@@ -354,12 +383,9 @@ def create_exclusive(target: Path, data: bytes) -> bool:
     servers), so of two racing writers exactly one wins and no reader sees a partial file.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}.traind-part")
+    part = target.with_name(unique_temporary_name(target.name))
     try:
-        with open(part, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(part, data)
         try:
             os.link(part, target)
         except FileExistsError:

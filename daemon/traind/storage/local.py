@@ -11,7 +11,6 @@ import contextlib
 import functools
 import os
 import shutil
-import threading
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
@@ -37,10 +36,18 @@ from traind.storage.claim import (
     check_lease,
     is_claim_file,
 )
-from traind.storage.fileio import copy_hashed, create_exclusive, fsync_dir, hash_file, in_thread
-from traind.storage.tasks import Slots, task_group
+from traind.storage.fileio import (
+    copy_hashed,
+    create_exclusive,
+    fsync_dir,
+    hash_file,
+    in_thread,
+    temporary_name,
+    unique_temporary_name,
+    write_atomic,
+)
+from traind.storage.tasks import fan_out
 
-PART_SUFFIX = ".traind-part"
 _REQUEST = "start-"
 """Node R's start request: ``.traind-resume/start-<R>.json``, its nonce."""
 _BOARD = "board.json"
@@ -72,15 +79,12 @@ class LocalBackend:
         """Copy ``files`` under ``tag`` with ``store`` (in a thread, ``concurrency`` at once),
         each journalled through ``session`` as soon as it is in place."""
         dest = self._root / check_tag(tag)
-        slots = Slots(self._concurrency)
 
         async def one(f: LocalFile) -> None:
             sha = await _io(store, root / f.path, dest / check_relpath(f.path), session.advance)
             await session.file_done(f.path, sha)
 
-        async with task_group() as tg:
-            for f in files:
-                tg.create_task(slots.run(functools.partial(one, f)))
+        await fan_out(files, self._concurrency, one)
 
     async def claim(self, tag: str, writer: Writer) -> None:
         await _io(self._claim, tag, writer)
@@ -118,7 +122,7 @@ class LocalBackend:
     def _renew(self, tag: str, writer: Writer, at: float | None) -> None:
         path = self._root / check_tag(tag) / CLAIM_NAME
         found = check_held(tag, writer, self._lease(tag), str(path))
-        _write_atomic(path, found.renewed(at).to_json())
+        write_atomic(path, found.renewed(at).to_json())
 
     async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
         return await _io(self._take_over, self._root / check_tag(tag), stale, writer)
@@ -167,7 +171,7 @@ class LocalBackend:
 
     async def commit_part(self, part: Part) -> None:
         target = self._root / check_tag(part.tag) / part_name(part.node_rank)
-        await _io(_write_atomic, target, part.to_json())
+        await _io(write_atomic, target, part.to_json())
 
     async def part_ranks(self, tag: str) -> set[int]:
         return await _io(self._part_ranks, self._root / check_tag(tag))
@@ -184,7 +188,7 @@ class LocalBackend:
         return await _io(self._manifest, check_tag(tag))
 
     async def request_start(self, rank: int, nonce: str) -> None:
-        await _io(_write_atomic, self._agreement / f"{_REQUEST}{rank}.json", nonce.encode())
+        await _io(write_atomic, self._agreement / f"{_REQUEST}{rank}.json", nonce.encode())
 
     async def withdraw_start(self, rank: int, nonce: str) -> None:
         await _io(self._withdraw, self._agreement / f"{_REQUEST}{rank}.json", nonce)
@@ -209,7 +213,7 @@ class LocalBackend:
         return found
 
     async def write_board(self, data: bytes) -> None:
-        await _io(_write_atomic, self._agreement / _BOARD, data)
+        await _io(write_atomic, self._agreement / _BOARD, data)
 
     async def read_board(self) -> bytes | None:
         return await _io(self._read_board)
@@ -252,7 +256,7 @@ class LocalBackend:
         if not create_exclusive(target, data):
             check_committed(manifest.tag, manifest.writer, self._manifest(manifest.tag),
                             self.describe)
-            _write_atomic(target, data)  # our own, retried: the objects are these
+            write_atomic(target, data)  # our own, retried: the objects are these
 
     async def manifests(self) -> list[Manifest]:
         return await _io(self._read_manifests)
@@ -269,17 +273,12 @@ class LocalBackend:
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         src = self._root / check_tag(manifest.tag)
-        slots = Slots(self._concurrency)
-        hashes: dict[str, str] = {}
 
-        async def one(path: str) -> None:
-            _, hashes[path] = await _io(_fetch_file, src / path, dest / check_relpath(path),
-                                        advance)
+        async def one(path: str) -> tuple[str, str]:
+            _, sha = await _io(_fetch_file, src / path, dest / check_relpath(path), advance)
+            return path, sha
 
-        async with task_group() as tg:
-            for entry in manifest.files:
-                tg.create_task(slots.run(functools.partial(one, entry.path)))
-        return hashes
+        return dict(await fan_out((e.path for e in manifest.files), self._concurrency, one))
 
     async def delete(self, tag: str) -> None:
         await _io(self._delete, self._root / check_tag(tag))
@@ -323,7 +322,7 @@ async def _io(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 def _store_file(src: Path, target: Path, advance: Advance) -> str:
     """Copy ``src`` to ``target`` under a temporary name, then rename; return its sha256."""
-    part = target.with_name(target.name + PART_SUFFIX)
+    part = target.with_name(temporary_name(target.name))
     _, sha = copy_hashed(src, part, advance)
     os.replace(part, target)
     return sha
@@ -339,7 +338,7 @@ def _part_holder(tag_dir: Path) -> Writer | None:
 def _store_file_once(tag: str, src: Path, target: Path, advance: Advance) -> str:
     """Store a part's file under a name of its own, then link it into place unless another
     host stored that path already: kept when the bytes agree, PartsDisagreeError if not."""
-    part = target.with_name(f"{target.name}.{os.getpid()}-{threading.get_ident()}{PART_SUFFIX}")
+    part = target.with_name(unique_temporary_name(target.name))
     try:
         _, sha = copy_hashed(src, part, advance)
         try:
@@ -367,13 +366,3 @@ def _fetch_file(src: Path, target: Path, advance: Advance) -> tuple[int, str]:
             raise
         raise IntegrityError(f"{src}: missing from the store") from exc
 
-
-def _write_atomic(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(target.name + PART_SUFFIX)
-    with open(part, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, target)
-    fsync_dir(target.parent)

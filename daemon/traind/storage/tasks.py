@@ -1,5 +1,5 @@
 """Concurrency for backends: a TaskGroup whose failure is one error, not an ExceptionGroup,
-and slots that bound how many of its tasks run at once.
+slots that bound how many of its tasks run at once, and ``fan_out`` made of the two.
 
 The streamer and the CLI expect a StorageError (or the cancellation) itself. When several
 tasks fail at once, a permanent error wins over a transient one, so the caller does not
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from traind.errors import TransientStorageError
 
 T = TypeVar("T")
+X = TypeVar("X")
 
 
 @contextlib.asynccontextmanager
@@ -60,3 +62,15 @@ class Slots:
             except BaseException:
                 self._failed = True
                 raise
+
+
+async def fan_out(items: Iterable[X], limit: int, fn: Callable[[X], Awaitable[T]]) -> list[T]:
+    """``fn(item)`` for every item, at most ``limit`` at once; the results in ``items``' order.
+
+    The first failure cancels the calls running and keeps those waiting from starting
+    (``Slots``), and is raised by itself (``task_group``).
+    """
+    slots = Slots(limit)
+    async with task_group() as tg:
+        tasks = [tg.create_task(slots.run(functools.partial(fn, item))) for item in items]
+    return [t.result() for t in tasks]

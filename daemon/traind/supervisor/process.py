@@ -12,13 +12,13 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
 
 import structlog
 
+from traind.child import spawn_with, uninterrupted
 from traind.config import ChildConfig
 from traind.errors import SupervisorError
 from traind.supervisor.env import CHILD_TAG, OWNER_TAG, child_env, new_tag
@@ -27,7 +27,6 @@ from traind.supervisor.policy import Role
 from traind.supervisor.procfs import ProcessTree
 
 log = structlog.get_logger("traind.supervisor")
-T = TypeVar("T")
 
 TRACK_INTERVAL = 1.0
 KILL_WAIT = 10.0
@@ -143,10 +142,10 @@ class ManagedProcess:
         self._file = await asyncio.to_thread(ChildLog, path, c.log_max_bytes, c.log_backups)
         self.started_at = self.last_output = time.monotonic()
         try:
-            transport, _ = await asyncio.get_running_loop().subprocess_exec(
-                lambda: Pipes(self._line, self._exit), *argv,
+            transport = await spawn_with(
+                lambda: Pipes(self._line, self._exit), argv,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=c.cwd, env=env, start_new_session=True,
+                stderr=asyncio.subprocess.PIPE, cwd=c.cwd, env=env,
             )
         except OSError as exc:
             await asyncio.to_thread(self._file.close)
@@ -259,22 +258,3 @@ class ManagedProcess:
         self._transport = None
         if self.state is State.STOPPING:
             self.set_state(State.EXITED)
-
-
-async def uninterrupted(coro: Coroutine[Any, Any, T]) -> T:
-    """Await ``coro`` to its end even if the caller is cancelled meanwhile, then re-raise the
-    cancellation (what anyio's shielded cancel scope does in ``Process.aclose``)."""
-    task = asyncio.ensure_future(coro)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-        else:
-            break
-    if cancelled:
-        raise asyncio.CancelledError
-    return result

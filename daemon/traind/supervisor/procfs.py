@@ -14,6 +14,7 @@ from pathlib import Path
 
 import structlog
 
+from traind.child import signal_group
 from traind.supervisor.env import CHILD_TAG
 
 log = structlog.get_logger("traind.supervisor")
@@ -112,8 +113,7 @@ class ProcessTree:
 
     def signal(self, members: Iterable[Proc], sig: int) -> None:
         """Send ``sig`` to the leader's group and to each member that is still itself."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.leader, sig)
+        signal_group(self.leader, sig)
         for p in members:
             send(p, sig)
 

@@ -12,10 +12,11 @@ from typing import Any
 
 import structlog
 
+from traind.child import uninterrupted
 from traind.config import ServiceConfig, TrainerConfig, VLLMConfig
 from traind.supervisor.env import owner_of
 from traind.supervisor.policy import Role
-from traind.supervisor.process import State, uninterrupted
+from traind.supervisor.process import State
 from traind.supervisor.runner import ChildRunner, ChildStatus, Jitter
 from traind.supervisor.trainer import ResumeFrom, TrainerRunner
 from traind.supervisor.vllm import VLLMRunner

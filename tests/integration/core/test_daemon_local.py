@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.support.checkpoints import setup, stored, write_checkpoint
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, is_event
 
 
 def test_every_checkpoint_committed_despite_fast_rotation(tmp_path: Path) -> None:
@@ -27,10 +27,7 @@ def test_every_checkpoint_committed_despite_fast_rotation(tmp_path: Path) -> Non
                 shutil.rmtree(out / f"checkpoint-{step - 2}")
             time.sleep(0.15)
         for tag in expected:
-            daemon.wait_for(
-                lambda e, t=tag: e.get("event") == "checkpoint_committed" and e["tag"] == t,
-                timeout=30,
-            )
+            daemon.wait_for(is_event("checkpoint_committed", tag=tag), timeout=30)
         assert stored(store, "exp") == expected
         assert daemon.stop() == 0
     finally:
@@ -46,10 +43,7 @@ def test_restores_newest_on_fresh_host_then_streams(tmp_path: Path) -> None:
     try:
         for step in (1, 2):
             write_checkpoint(out, step)
-        first.wait_for(
-            lambda e: e.get("event") == "checkpoint_committed" and e["tag"] == "checkpoint-2",
-            timeout=30,
-        )
+        first.wait_for(is_event("checkpoint_committed", tag="checkpoint-2"), timeout=30)
         assert first.stop() == 0
     finally:
         first.kill()
@@ -63,10 +57,7 @@ def test_restores_newest_on_fresh_host_then_streams(tmp_path: Path) -> None:
         assert (out / "checkpoint-2/trainer_state.json").exists()
         assert not (out / "checkpoint-1").exists()
         write_checkpoint(out, 3)
-        second.wait_for(
-            lambda e: e.get("event") == "checkpoint_committed" and e["tag"] == "checkpoint-3",
-            timeout=30,
-        )
+        second.wait_for(is_event("checkpoint_committed", tag="checkpoint-3"), timeout=30)
         assert second.stop() == 0
     finally:
         second.kill()
@@ -119,22 +110,8 @@ def test_retention_prunes_store_and_output_dir(tmp_path: Path) -> None:
     try:
         for step in (1, 2, 3, 4):
             write_checkpoint(out, step)
-        daemon.wait_for(
-            lambda e: (
-                e.get("event") == "checkpoint_pruned"
-                and e["where"] == "remote"
-                and e["tag"] == "checkpoint-2"
-            ),
-            timeout=30,
-        )
-        daemon.wait_for(
-            lambda e: (
-                e.get("event") == "checkpoint_pruned"
-                and e["where"] == "local"
-                and e["tag"] == "checkpoint-3"
-            ),
-            timeout=30,
-        )
+        for where, tag in (("remote", "checkpoint-2"), ("local", "checkpoint-3")):
+            daemon.wait_for(is_event("checkpoint_pruned", where=where, tag=tag), timeout=30)
         assert daemon.stop() == 0
     finally:
         daemon.kill()

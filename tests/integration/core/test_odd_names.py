@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.support.checkpoints import setup, stored, write_checkpoint, write_old_journal_entry
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, is_event
 
 ODD_DIRS = ["checkpoint-201 copy 2", "checkpoint-ü-201", "checkpoint-final"]
 """Names that match ``checkpoint-*`` but give no valid tag or no step."""
@@ -21,9 +21,7 @@ def write_odd(out: Path, name: str) -> None:
 
 
 def committed(daemon: DaemonProcess, tag: str) -> None:
-    daemon.wait_for(
-        lambda e: e.get("event") == "checkpoint_committed" and e["tag"] == tag, timeout=30
-    )
+    daemon.wait_for(is_event("checkpoint_committed", tag=tag), timeout=30)
 
 
 def test_odd_directory_names_are_skipped_with_one_warning(tmp_path: Path) -> None:

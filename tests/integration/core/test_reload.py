@@ -6,13 +6,11 @@ import signal
 from pathlib import Path
 
 from tests.support.checkpoints import setup, stored, write_checkpoint
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, is_event
 
 
 def committed(daemon: DaemonProcess, tag: str) -> None:
-    daemon.wait_for(
-        lambda e: e.get("event") == "checkpoint_committed" and e["tag"] == tag, timeout=30
-    )
+    daemon.wait_for(is_event("checkpoint_committed", tag=tag), timeout=30)
 
 
 def test_switch_store_by_sighup(tmp_path: Path) -> None:

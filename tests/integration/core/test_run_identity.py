@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.support.checkpoints import OLD_JOURNAL_SCHEMA, stored, write_checkpoint
-from tests.support.daemon import DaemonProcess, write_config
+from tests.support.daemon import DaemonProcess, is_event, write_config
 
 from traind.checkpoints import pruner, recovery
 from traind.checkpoints.identity import RunIdentity
@@ -45,10 +45,7 @@ def save_and_commit(cfg: Path, out: Path, steps: range) -> dict[str, dict[str, s
         for step in steps:
             saved[f"checkpoint-{step}"] = write_checkpoint(out, step)
         for tag in saved:
-            daemon.wait_for(
-                lambda e, t=tag: e.get("event") == "checkpoint_committed" and e["tag"] == t,
-                timeout=60,
-            )
+            daemon.wait_for(is_event("checkpoint_committed", tag=tag), timeout=60)
         assert daemon.stop() == 0
     finally:
         daemon.kill()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.daemon import DaemonProcess, write_config
+from tests.support.daemon import DaemonProcess, is_event, write_config
 from tests.support.requires import need_module
 from tests.support.tiny_train import QUIET_ENV, train_command
 
@@ -47,10 +47,7 @@ def test_trl_run_streamed_pruned_and_resumable(tmp_path: Path) -> None:
         assert trained.returncode == 0, trained.stderr[-2000:]
         assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-5", "checkpoint-6"]
         for step in range(1, 7):
-            daemon.wait_for(
-                lambda e, s=step: e.get("event") == "checkpoint_committed" and e["step"] == s,
-                timeout=60,
-            )
+            daemon.wait_for(is_event("checkpoint_committed", step=step), timeout=60)
         daemon.wait_for(
             lambda e: e.get("event") == "checkpoint_pruned" and e["tag"] == "checkpoint-3",
             timeout=30,

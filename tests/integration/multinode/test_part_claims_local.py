@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+from tests.support.sessions import RecordingSession
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
@@ -23,25 +24,6 @@ from traind.storage.local import LocalBackend
 
 W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
 TAG = "checkpoint-4"
-
-
-class Session:
-    """Records what the backend reports stored."""
-
-    def __init__(self) -> None:
-        self.done: dict[str, str] = {}
-
-    def advance(self, nbytes: int) -> None:
-        return None
-
-    async def file_done(self, path: str, sha256: str) -> None:
-        self.done[path] = sha256
-
-    async def load_state(self, path: str) -> str | None:
-        return None
-
-    async def save_state(self, path: str, state: str) -> None:
-        return None
 
 
 def store(tmp_path: Path) -> LocalBackend:
@@ -96,11 +78,11 @@ async def test_same_path_is_stored_once_and_never_overwritten(tmp_path: Path) ->
         root.mkdir()
         (root / "config.json").write_text(text)
     for root in hosts[:2]:
-        session = Session()
+        session = RecordingSession()
         await backend.upload_part(TAG, root, [LocalFile("config.json", 4)], session)
         assert set(session.done) == {"config.json"}
     with pytest.raises(PartsDisagreeError, match=r"config\.json in the store"):
-        await backend.upload_part(TAG, hosts[2], [LocalFile("config.json", 4)], Session())
+        await backend.upload_part(TAG, hosts[2], [LocalFile("config.json", 4)], RecordingSession())
     stored = tmp_path / "store" / "run" / TAG
     assert (stored / "config.json").read_text() == "same"
     assert sorted(p.name for p in stored.iterdir()) == ["config.json"]

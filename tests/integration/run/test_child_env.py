@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.support.checkpoints import setup, write_checkpoint
 from tests.support.daemon import DaemonProcess
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
+from tests.support.seaweed import SECRET_KEY, running_seaweed
 
 
 def test_trainer_does_not_see_the_storage_secret(tmp_path: Path) -> None:
@@ -23,16 +23,10 @@ def test_trainer_does_not_see_the_storage_secret(tmp_path: Path) -> None:
             "; time.sleep(600)")
     with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
         server.create_bucket("ckpts")
-        storage = (
-            f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-            f'region = "{REGION}"\naddressing_style = "path"\naccess_key_id = "{ACCESS_KEY}"\n'
-        )
         out, _, cfg = setup(
-            tmp_path, extra=f"[trainer]\ncommand = {json.dumps([sys.executable, '-c', code])}\n"
+            tmp_path, extra=f"[trainer]\ncommand = {json.dumps([sys.executable, '-c', code])}\n",
+            storage=server.storage_toml(secret_access_key=None),  # given by the environment
         )
-        text = cfg.read_text()
-        start, end = text.index("[storage]"), text.index("[retention]")
-        cfg.write_text(text[:start] + "[storage]\n" + storage + "\n" + text[end:])
         daemon = DaemonProcess(cfg, env={"TRAIND_STORAGE__SECRET_ACCESS_KEY": SECRET_KEY})
         try:
             daemon.wait_for("child_started", timeout=60)

@@ -17,7 +17,7 @@ import pytest
 from tests.support.checkpoints import write_checkpoint
 from tests.support.daemon import DaemonProcess, write_config
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
+from tests.support.seaweed import SeaweedS3, running_seaweed
 
 from traind.cli import EXIT_UNSTORED
 
@@ -39,12 +39,7 @@ def host(tmp_path: Path, name: str, server: SeaweedS3, storage_extra: str,
     """Host ``name``'s config: its own output_dir and state_dir, the shared run and store."""
     root = tmp_path / name
     (root / "out").mkdir(parents=True)
-    storage = (
-        f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-        f'region = "{REGION}"\naddressing_style = "path"\n'
-        f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
-        f"{storage_extra}"
-    )
+    storage = server.storage_toml() + storage_extra
     cfg = write_config(root / "traind.toml", run="exp", output_dir=root / "out",
                        state_dir=root / "state", storage=storage)
     cfg.write_text(cfg.read_text().replace('stop_timeout = "10s"',

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from tests.support.checkpoints import write_checkpoint
-from tests.support.daemon import DaemonProcess, write_config
+from tests.support.daemon import DaemonProcess, is_event, write_config
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
+from tests.support.seaweed import SeaweedS3, running_seaweed
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
@@ -85,13 +85,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     server: SeaweedS3 = request.getfixturevalue("seaweed")
     bucket = f"t-{uuid.uuid4().hex[:12]}"
     server.create_bucket(bucket)
-    toml = (
-        f'type = "s3"\nbucket = "{bucket}"\nprefix = "ckpts"\n'
-        f'endpoint_url = "{server.endpoint}"\nregion = "{REGION}"\n'
-        f'addressing_style = "path"\naccess_key_id = "{ACCESS_KEY}"\n'
-        f'secret_access_key = "{SECRET_KEY}"\n'
-    )
-    return Store(toml, server=server, bucket=bucket)
+    return Store(server.storage_toml(bucket, prefix="ckpts"), server=server, bucket=bucket)
 
 
 def traind(*args: str) -> subprocess.CompletedProcess[str]:
@@ -145,10 +139,6 @@ def trainer_toml(tmp_path: Path, name: str, *, save: bool = False) -> str:
     argv = [sys.executable, str(script), str(tmp_path / name / "out"),
             str(tmp_path / name / "resumed.txt")] + (["save"] if save else [])
     return f"[trainer]\ncommand = {json.dumps(argv)}\n"
-
-
-def is_event(name: str, **fields: object) -> object:
-    return lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
 
 
 async def test_fresh_host_falls_back_past_a_corrupt_newest(

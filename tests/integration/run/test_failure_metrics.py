@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.checkpoints import setup, write_checkpoint
 from tests.support.daemon import DaemonProcess
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
+from tests.support.seaweed import running_seaweed
 
 MIB = 1024 * 1024
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -98,17 +98,11 @@ def test_upload_bytes_failures_and_retries_are_counted(tmp_path: Path) -> None:
     need_module("aiobotocore")
     with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
         server.create_bucket("ckpts")
-        storage = (
-            f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-            f'region = "{REGION}"\naddressing_style = "path"\naccess_key_id = "{ACCESS_KEY}"\n'
-            f'secret_access_key = "{SECRET_KEY}"\npart_size = "5MiB"\nconcurrency = 1\n'
-            'max_bandwidth = "5MB"\nretries = 1\nretry_max_delay = "0.2s"\n'
-            'connect_timeout = "1s"\n'
+        storage = server.storage_toml(
+            part_size="5MiB", concurrency=1, max_bandwidth="5MB", retries=1,
+            retry_max_delay="0.2s", connect_timeout="1s",
         )
-        out, _, cfg = setup(tmp_path)
-        text = cfg.read_text()
-        start, end = text.index("[storage]"), text.index("[retention]")
-        cfg.write_text(text[:start] + "[storage]\n" + storage + "\n" + text[end:])
+        out, _, cfg = setup(tmp_path, storage=storage)
         daemon = DaemonProcess(cfg)
         try:
             daemon.wait_for("daemon_ready", timeout=30)

@@ -15,7 +15,7 @@ import pytest
 from tests.support.checkpoints import setup, stored
 from tests.support.daemon import DaemonProcess, Event
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
+from tests.support.seaweed import running_seaweed
 
 from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.cli import EXIT_UNSTORED
@@ -107,17 +107,10 @@ def test_what_misses_stop_timeout_is_named_and_the_exit_code_says_so(tmp_path: P
     need_module("aiobotocore")
     with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
         server.create_bucket("ckpts")
-        out, _, cfg = setup(tmp_path)
+        storage = server.storage_toml(part_size="5MiB", concurrency=1, max_bandwidth="2MB")
+        out, _, cfg = setup(tmp_path, storage=storage)
         text = shipped_timings(cfg.read_text())
         text = text.replace('stop_timeout = "10s"', 'stop_timeout = "4s"')
-        start, end = text.index("[storage]"), text.index("[retention]")
-        storage = (
-            f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-            f'region = "{REGION}"\naddressing_style = "path"\n'
-            f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
-            'part_size = "5MiB"\nconcurrency = 1\nmax_bandwidth = "2MB"\n'
-        )
-        text = text[:start] + "[storage]\n" + storage + "\n" + text[end:]
         cfg.write_text(text + trainer_config(tmp_path, out, [(1, 64), (2, 2)], False))
         daemon = DaemonProcess(cfg)
         try:

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.checkpoints import setup, stored
-from tests.support.daemon import DaemonProcess
+from tests.support.checkpoints import setup, stored, swap_storage
+from tests.support.daemon import DaemonProcess, is_event
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
+from tests.support.seaweed import running_seaweed
 from tests.support.tiny_train import QUIET_ENV, train_command
 
 
@@ -27,19 +27,10 @@ def test_switch_local_to_s3_mid_run(tmp_path: Path) -> None:
     out, local_store, cfg = setup(tmp_path, extra=trainer)
     with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
         server.create_bucket("ckpts")
-        s3 = (
-            f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-            f'region = "{REGION}"\naddressing_style = "path"\n'
-            f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
-        )
         daemon = DaemonProcess(cfg)
         try:
-            daemon.wait_for(
-                lambda e: e.get("event") == "checkpoint_committed" and e["step"] == 2, timeout=120
-            )
-            text = cfg.read_text()
-            start, end = text.index("[storage]"), text.index("[retention]")
-            cfg.write_text(text[:start] + "[storage]\n" + s3 + "\n" + text[end:])
+            daemon.wait_for(is_event("checkpoint_committed", step=2), timeout=120)
+            swap_storage(cfg, server.storage_toml())
             daemon.proc.send_signal(signal.SIGHUP)
             assert daemon.wait_for("reload_applied", timeout=30)["applied"] == ["storage"]
             assert daemon.proc.wait(timeout=240) == 0, "".join(daemon.raw[-30:])

@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.support.checkpoints import setup, write_checkpoint
 from tests.support.daemon import DaemonProcess
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
+from tests.support.seaweed import running_seaweed
 
 MIB = 1024 * 1024
 
@@ -44,16 +44,8 @@ def test_sigkill_mid_multipart_resumes_without_resending(tmp_path: Path) -> None
     need_module("aiobotocore")
     with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
         server.create_bucket("ckpts")
-        storage = (
-            f'type = "s3"\nbucket = "ckpts"\nendpoint_url = "{server.endpoint}"\n'
-            f'region = "{REGION}"\naddressing_style = "path"\n'
-            f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
-            'part_size = "5MiB"\nconcurrency = 1\nmax_bandwidth = "20MB"\n'
-        )
-        out, _, cfg = setup(tmp_path)
-        text = cfg.read_text()
-        start, end = text.index("[storage]"), text.index("[retention]")
-        cfg.write_text(text[:start] + "[storage]\n" + storage + "\n" + text[end:])
+        storage = server.storage_toml(part_size="5MiB", concurrency=1, max_bandwidth="20MB")
+        out, _, cfg = setup(tmp_path, storage=storage)
         journal = tmp_path / "state/journal.sqlite3"
 
         first = DaemonProcess(cfg)

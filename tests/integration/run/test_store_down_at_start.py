@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from tests.support.checkpoints import write_checkpoint
-from tests.support.daemon import DaemonProcess, Event, write_config
+from tests.support.daemon import DaemonProcess, Event, is_event, write_config
 from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
+from tests.support.seaweed import SeaweedS3, running_seaweed
 
 # A trainer that says where it resumes from, saves checkpoint-N+1, then trains on.
 TRAINER = """
@@ -50,13 +50,7 @@ def s3_config(tmp_path: Path, server: SeaweedS3, trainer: bool, **storage: str) 
     """A config streaming to ``server`` (``storage`` overrides keys), optionally with
     TRAINER as the supervised trainer."""
     out = tmp_path / "out"
-    keys = {"bucket": "ckpts", "secret_access_key": SECRET_KEY} | storage
-    section = (
-        f'type = "s3"\nbucket = "{keys["bucket"]}"\nendpoint_url = "{server.endpoint}"\n'
-        f'region = "{REGION}"\naddressing_style = "path"\naccess_key_id = "{ACCESS_KEY}"\n'
-        f'secret_access_key = "{keys["secret_access_key"]}"\nretries = 1\n'
-        'connect_timeout = "2s"\n'
-    )
+    section = server.storage_toml(**({"retries": 1, "connect_timeout": "2s"} | storage))
     cfg = write_config(tmp_path / f"traind-{'trainer' if trainer else 'watch'}.toml",
                        run="exp", output_dir=out, state_dir=tmp_path / "state",
                        storage=section)
@@ -76,10 +70,6 @@ def status(cfg: Path) -> dict[str, Any]:
                           capture_output=True, text=True, timeout=30, check=True)
     result: dict[str, Any] = json.loads(done.stdout)
     return result
-
-
-def is_event(name: str, **fields: Any) -> Any:
-    return lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
 
 
 def committed(daemon: DaemonProcess, tag: str, timeout: float = 60) -> Event:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support import sessions
 from tests.support.requires import need_binary
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
 
@@ -101,13 +102,12 @@ class Progress:
             self.reached.set()
 
 
-class RecordingSession:
-    """An in-memory UploadSession that records what the backend reported."""
+class RecordingSession(sessions.RecordingSession):
+    """The in-memory UploadSession, its progress also counted by a ``Progress``."""
 
     def __init__(self, threshold: int = 0) -> None:
+        super().__init__()
         self.progress = Progress(threshold)
-        self.done: dict[str, str] = {}
-        self.states: dict[str, str] = {}
 
     @property
     def advanced(self) -> int:
@@ -115,18 +115,8 @@ class RecordingSession:
         return self.progress.total
 
     def advance(self, nbytes: int) -> None:
+        super().advance(nbytes)
         self.progress(nbytes)
-
-    async def file_done(self, path: str, sha256: str) -> None:
-        assert path not in self.done, f"file_done twice for {path}"
-        self.done[path] = sha256
-        self.states.pop(path, None)
-
-    async def load_state(self, path: str) -> str | None:
-        return self.states.get(path)
-
-    async def save_state(self, path: str, state: str) -> None:
-        self.states[path] = state
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.checkpoints import setup, write_checkpoint
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, is_event
 
 
 def listen_of(cfg: Path) -> str:
@@ -81,10 +81,7 @@ def test_status_and_metrics_match_a_real_run(tmp_path: Path) -> None:
         for step in (1, 2, 3):
             write_checkpoint(out, step, size=100_000 * step)
             sizes[step] = sum(p.stat().st_size for p in (out / f"checkpoint-{step}").iterdir())
-            daemon.wait_for(
-                lambda e, s=step: e.get("event") == "checkpoint_committed" and e["step"] == s,
-                timeout=30,
-            )
+            daemon.wait_for(is_event("checkpoint_committed", step=step), timeout=30)
         with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
             assert r.read() == b"ok"
         with urllib.request.urlopen(f"{base}/status", timeout=5) as r:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
+from tests.support.sessions import RecordingSession
 from tests.support.sshd import SSHServer
 
 from traind.errors import IntegrityError
@@ -129,26 +130,6 @@ async def test_corrupted_remote_file_fails_verification(
         verify(manifest, {p: ((dest / p).stat().st_size, h) for p, h in hashes.items()})
 
 
-class _Advances:
-    """An UploadSession recording every ``advance`` and which files were done by then."""
-
-    def __init__(self) -> None:
-        self.advances: list[tuple[int, int]] = []
-        self.done: dict[str, str] = {}
-
-    def advance(self, nbytes: int) -> None:
-        self.advances.append((nbytes, len(self.done)))
-
-    async def file_done(self, path: str, sha256: str) -> None:
-        self.done[path] = sha256
-
-    async def load_state(self, path: str) -> str | None:
-        return None
-
-    async def save_state(self, path: str, state: str) -> None:
-        return None
-
-
 async def test_rsync_reports_progress_while_it_runs(
     sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint
 ) -> None:
@@ -157,7 +138,7 @@ async def test_rsync_reports_progress_while_it_runs(
     backend = make_backend(sshd, transfer="rsync")
     size = 8 * 1024 * 1024
     root, files = checkpoint("checkpoint-2", {"big.bin": os.urandom(size)})
-    session = _Advances()
+    session = RecordingSession()
     async with asyncio.timeout(60):
         await backend.upload("checkpoint-2", root, files, session)
     assert 0 < session.advances[0][0] < size

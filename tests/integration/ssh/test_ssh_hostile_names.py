@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.sessions import NoSession
 from tests.support.sshd import SSHServer
 
 from traind.checkpoints.restore import restore
@@ -32,20 +33,6 @@ ODD_NAMES = {
 """Legal file names that a shell, a URL or rsync would misread if handed over unquoted."""
 
 
-class _Session:
-    def advance(self, nbytes: int) -> None:
-        return None
-
-    async def file_done(self, path: str, sha256: str) -> None:
-        raise AssertionError(f"{path!r} must not be stored")
-
-    async def load_state(self, path: str) -> str | None:
-        return None
-
-    async def save_state(self, path: str, state: str) -> None:
-        return None
-
-
 @pytest.mark.parametrize("tag", HOSTILE_TAGS)
 async def test_hostile_tag_is_rejected_everywhere(
     tag: str, sshd: SSHServer, make_backend: Callable[..., Any], remote: Path, tmp_path: Path
@@ -59,7 +46,7 @@ async def test_hostile_tag_is_rejected_everywhere(
     object.__setattr__(manifest, "tag", tag)  # as if read from a tampered store
     async with asyncio.timeout(10):
         with pytest.raises(UnsafePathError):
-            await backend.upload(tag, tmp_path / "src", [LocalFile("a.bin", 1)], _Session())
+            await backend.upload(tag, tmp_path / "src", [LocalFile("a.bin", 1)], NoSession())
         with pytest.raises(UnsafePathError):
             await backend.commit(manifest)
         with pytest.raises(UnsafePathError):
@@ -84,7 +71,7 @@ async def test_hostile_file_name_is_rejected(
     files = [LocalFile("ok.bin", 2), LocalFile(path, 1)]
     async with asyncio.timeout(10):
         with pytest.raises(UnsafePathError):
-            await backend.upload("checkpoint-1", tmp_path / "src", files, _Session())
+            await backend.upload("checkpoint-1", tmp_path / "src", files, NoSession())
     assert list(remote.iterdir()) == []
 
 

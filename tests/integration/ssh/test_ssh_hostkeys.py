@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 from tests.support.requires import need_binary
+from tests.support.sessions import NoSession
 from tests.support.sshd import HOST, SSHServer, keygen
 
 from traind.errors import StorageError
@@ -81,7 +82,7 @@ async def test_upload_refuses_changed_host_key_without_retrying(
         async with asyncio.timeout(10):
             with pytest.raises(StorageError, match="HOST KEY CHANGED"):
                 await backend.upload("checkpoint-1", tmp_path / "ckpt", [LocalFile("a.bin", 1)],
-                                     _NoSession())
+                                     NoSession())
     assert not [e for e in logs if e["event"] == "ssh_retry"]
     assert not [p for p in remote.rglob("*") if p.is_file()]
 
@@ -145,19 +146,3 @@ async def test_openssh_mode_refuses_unknown_and_changed_host_keys(
         assert _fingerprint(sshd.host_key.public) in message  # what the server offered
         assert _fingerprint(other.public) in message  # what known_hosts expected
         assert f"ssh-keygen -R '[{HOST}]:{sshd.port}'" in message
-
-
-class _NoSession:
-    """An UploadSession that must not be reached."""
-
-    def advance(self, nbytes: int) -> None:
-        raise AssertionError("nothing should be uploaded")
-
-    async def file_done(self, path: str, sha256: str) -> None:
-        raise AssertionError("nothing should be stored")
-
-    async def load_state(self, path: str) -> str | None:
-        return None
-
-    async def save_state(self, path: str, state: str) -> None:
-        return None

@@ -35,7 +35,7 @@ from traind.storage.s3.client import Ops, open_client, target_of
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
 from traind.storage.s3.errors import RetryPolicy
 from traind.storage.s3.upload import Uploader, upload_id_of
-from traind.storage.tasks import task_group
+from traind.storage.tasks import fan_out, task_group
 
 log = structlog.get_logger("traind.s3")
 DELETE_BATCH = 1000
@@ -82,19 +82,15 @@ class S3Backend:
             ops, BufferPool(cfg.concurrency), self._bandwidth, cfg.part_size,
             crc=cfg.request_checksum_calculation == "when_supported",
         )
-        # Bounds files in flight (each holds an open multipart upload); parts are bounded
-        # by the buffer pool, shared by all files.
-        files_in_flight = asyncio.Semaphore(cfg.concurrency)
 
         async def one(f: LocalFile) -> None:
-            async with files_in_flight:
-                sha = await uploader.file(self._key(tag, f.path), root / f.path, f.path, f.size,
-                                          session)
+            sha = await uploader.file(self._key(tag, f.path), root / f.path, f.path, f.size,
+                                      session)
             await session.file_done(f.path, sha)
 
-        async with task_group() as tg:
-            for f in files:
-                tg.create_task(one(f))
+        # Bounds files in flight (each holds an open multipart upload); parts are bounded
+        # by the buffer pool, shared by all files.
+        await fan_out(files, cfg.concurrency, one)
 
     async def _honours_conditional(self, ops: Ops) -> bool:
         if self._conditional is None:
@@ -197,18 +193,9 @@ class S3Backend:
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 break
-        limit = asyncio.Semaphore(self._config.concurrency)
-        found: dict[str, Manifest] = {}
-
-        async def read(tag: str) -> None:
-            async with limit:
-                if (manifest := await self._read_manifest(ops, tag)) is not None:
-                    found[tag] = manifest
-
-        async with task_group() as tg:
-            for tag in tags:
-                tg.create_task(read(tag))
-        return [found[t] for t in sorted(found)]
+        found = await fan_out(sorted(tags), self._config.concurrency,
+                              lambda tag: self._read_manifest(ops, tag))
+        return [m for m in found if m is not None]
 
     async def _read_manifest(self, ops: Ops, tag: str) -> Manifest | None:
         try:

@@ -34,7 +34,7 @@ from traind.storage.claim import check_claim
 from traind.storage.fileio import hash_file
 from traind.storage.s3.claim import get, put_new
 from traind.storage.s3.client import Ops
-from traind.storage.tasks import task_group
+from traind.storage.tasks import fan_out
 
 LIST_PAGE = 1000
 CHUNK = 1024 * 1024
@@ -164,15 +164,9 @@ async def part_ranks(ops: Ops, base: str) -> set[int]:
 async def parts(ops: Ops, base: str, concurrency: int) -> list[Part]:
     """Every part manifest under ``base``: one listing, then ``concurrency`` reads at once."""
     keys = sorted(base + part_name(rank) for rank in await part_ranks(ops, base))
-    limit = asyncio.Semaphore(concurrency)
-    found: dict[str, Part] = {}
 
-    async def read(key: str) -> None:
-        async with limit:
-            if (data := await get(ops, key)) is not None:
-                found[key] = Part.from_json(data)
+    async def read(key: str) -> Part | None:
+        data = await get(ops, key)
+        return None if data is None else Part.from_json(data)
 
-    async with task_group() as tg:
-        for key in keys:
-            tg.create_task(read(key))
-    return [found[k] for k in keys if k in found]
+    return [p for p in await fan_out(keys, concurrency, read) if p is not None]

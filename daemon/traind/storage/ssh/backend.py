@@ -57,7 +57,7 @@ from traind.storage.ssh.sftp import (
     remove,
     write_bytes,
 )
-from traind.storage.tasks import task_group
+from traind.storage.tasks import fan_out
 
 log = structlog.get_logger("traind.ssh")
 
@@ -94,17 +94,12 @@ class SSHBackend:
         if self._config.transfer == "rsync":
             await self._rsync.upload(base, root, files, session)
         else:
-            limit = asyncio.Semaphore(self._config.concurrency)
 
             async def one(f: LocalFile) -> None:
-                async with limit:
-                    _, sha = await self._put(root / f.path, remote[f.path], f.size,
-                                             session.advance)
+                _, sha = await self._put(root / f.path, remote[f.path], f.size, session.advance)
                 await session.file_done(f.path, sha)
 
-            async with task_group() as tg:
-                for f in files:
-                    tg.create_task(one(f))
+            await fan_out(files, self._config.concurrency, one)
 
     async def _put(
         self, local: Path, remote: str, size: int, advance: Advance
@@ -232,14 +227,11 @@ class SSHBackend:
         remote = {f.path: posixpath.join(base, check_relpath(f.path)) for f in files}
         dirs = parents([*remote.values(), posixpath.join(base, MANIFEST_NAME)])
         await self._link.call(f"create {base}", lambda sftp: makedirs(sftp, dirs))
-        limit = asyncio.Semaphore(self._config.concurrency)
-
         async def one(f: LocalFile) -> None:
             target, staged = remote[f.path], ssh_parts.staged_name(remote[f.path])
-            async with limit:
-                _, sha = await self._put(root / f.path, staged, f.size, session.advance)
-                there = await self._link.call(
-                    f"store {target}", lambda sftp: ssh_parts.link_once(sftp, staged, target))
+            _, sha = await self._put(root / f.path, staged, f.size, session.advance)
+            there = await self._link.call(
+                f"store {target}", lambda sftp: ssh_parts.link_once(sftp, staged, target))
             if there is not None and there != sha:
                 raise PartsDisagreeError(
                     f"{tag}: {f.path} in the store ({self._where(target)}) differs from this "
@@ -247,9 +239,7 @@ class SSHBackend:
                     "bytes under the same path")
             await session.file_done(f.path, sha)
 
-        async with task_group() as tg:
-            for f in files:
-                tg.create_task(one(f))
+        await fan_out(files, self._config.concurrency, one)
 
     async def commit_part(self, part: Part) -> None:
         """Write ``part``'s manifest beside its files."""
@@ -313,27 +303,22 @@ class SSHBackend:
         """Fetch every file of ``manifest`` under ``dest``; return path -> sha256 as written."""
         base = self._tag_dir(manifest.tag)
         remote = {e.path: posixpath.join(base, check_relpath(e.path)) for e in manifest.files}
-        limit = asyncio.Semaphore(self._config.concurrency)
-        hashes: dict[str, str] = {}
 
-        async def one(entry: FileEntry) -> None:
-            async with limit:
-                try:
-                    _, hashes[entry.path] = await self._get(
-                        remote[entry.path], dest / entry.path, entry.size, advance)
-                except StorageError as exc:
-                    if isinstance(exc, TransientStorageError) or await self._exists(
-                        remote[entry.path]
-                    ):
-                        raise
-                    raise IntegrityError(
-                        f"{self._link.target.host}:{remote[entry.path]}: missing from the store"
-                    ) from exc
+        async def one(entry: FileEntry) -> tuple[str, str]:
+            try:
+                _, sha = await self._get(remote[entry.path], dest / entry.path, entry.size,
+                                         advance)
+            except StorageError as exc:
+                if isinstance(exc, TransientStorageError) or await self._exists(
+                    remote[entry.path]
+                ):
+                    raise
+                raise IntegrityError(
+                    f"{self._link.target.host}:{remote[entry.path]}: missing from the store"
+                ) from exc
+            return entry.path, sha
 
-        async with task_group() as tg:
-            for entry in manifest.files:
-                tg.create_task(one(entry))
-        return hashes
+        return dict(await fan_out(manifest.files, self._config.concurrency, one))
 
     async def _exists(self, remote: str) -> bool:
         """Whether ``remote`` is there: a download that failed for lack of it is a file not

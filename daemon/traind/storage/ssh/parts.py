@@ -19,7 +19,7 @@ import asyncssh
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Writer
 from traind.layout.parts import PART_CLAIM_PREFIX, PART_PREFIX, Part, part_claim_name, part_name
-from traind.storage.local import PART_SUFFIX
+from traind.storage.fileio import PART_SUFFIX
 from traind.storage.ssh.sftp import create_new, makedirs, read_bytes, remove, rename
 
 CHUNK = 1024 * 1024

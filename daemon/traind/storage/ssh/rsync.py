@@ -13,24 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import posixpath
 import re
 import shlex
 import shutil
-import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import asyncssh
 
+from traind import child
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError, UnsafePathError
-from traind.storage.base import LocalFile, UploadSession
+from traind.storage.base import LocalFile, UploadSession, counted
 from traind.storage.fileio import hash_file, in_thread
 from traind.storage.ssh.command import ssh_argv, ssh_failure
 from traind.storage.ssh.link import SSHLink, retrying
-from traind.storage.ssh.sftp import counted, makedirs
+from traind.storage.ssh.sftp import makedirs
+from traind.storage.tasks import fan_out
 
 MIN_VERSION = (3, 2, 4)
 """The first rsync with ``--fsync`` (and ``--secluded-args``); needed at both ends."""
@@ -44,6 +44,9 @@ _PROGRESS = re.compile(rb"\s*([\d,]+)\s+\d+%")
 
 # rsync exit codes worth a retry: socket I/O, protocol stream, timeouts, and 255 (ssh failed).
 _TRANSIENT_CODES = {5, 10, 12, 30, 35, 255}
+
+KILL_WAIT = 5.0
+"""Seconds a cancelled run waits for rsync to go after SIGKILL to its process group."""
 
 
 def rsync_argv(config: SSHStorage, known_hosts: Path, root: Path, remote_dir: str) -> list[str]:
@@ -139,14 +142,11 @@ def _check_version(where: str, version_output: str) -> None:
 
 
 async def _hash_all(root: Path, files: Sequence[LocalFile]) -> dict[str, str]:
-    limit = asyncio.Semaphore(2)
-
     async def one(f: LocalFile) -> tuple[str, str]:
-        async with limit:
-            _, sha = await in_thread("read", root / f.path, hash_file, root / f.path)
-            return f.path, sha
+        _, sha = await in_thread("read", root / f.path, hash_file, root / f.path)
+        return f.path, sha
 
-    return dict(await asyncio.gather(*(one(f) for f in files)))
+    return dict(await fan_out(files, 2, one))
 
 
 def progress_totals(buffer: bytes) -> tuple[list[int], bytes]:
@@ -161,10 +161,8 @@ async def _run(
 ) -> None:
     """Run rsync once, reporting its progress through ``advance``; translate a failure into
     a (transient or permanent) StorageError."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, start_new_session=True,
-    )
+    proc = await child.spawn(argv, stdin=asyncio.subprocess.PIPE,
+                             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     stdin, stdout, stderr_pipe = proc.stdin, proc.stdout, proc.stderr
     assert stdin is not None
     assert stdout is not None
@@ -185,16 +183,10 @@ async def _run(
                     advance(total - sent)
                     sent = total
 
-    try:
+    # Cancelled: rsync and its ssh child go down with their process group.
+    async with child.stopped_on_error(proc, KILL_WAIT):
         _, _, stderr = await asyncio.gather(feed(), follow(), stderr_pipe.read())
         await proc.wait()
-    except BaseException:
-        # Cancelled: rsync and its ssh child go down with their process group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=5)
-        raise
     if proc.returncode == 0:
         return
     text = stderr.decode(errors="replace").strip()

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import hashlib
 import posixpath
-import secrets
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -20,9 +19,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import asyncssh
 
-from traind.storage.base import Advance
-from traind.storage.fileio import StagedWriter, create, in_thread, iter_chunks, local_errors
-from traind.storage.local import PART_SUFFIX
+from traind.storage.base import Advance, counted
+from traind.storage.fileio import (
+    StagedWriter,
+    create,
+    in_thread,
+    iter_chunks,
+    local_errors,
+    temporary_name,
+    unique_temporary_name,
+)
 
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash
@@ -33,8 +39,7 @@ CHUNK = 1024 * 1024
 
 WINDOW = 4
 """Chunks in flight per file: twice OpenSSH's 2 MiB channel window, so the channel never
-waits for us. More only adds memory (measured with bench/ssh_upload.py: CPU and MB/s do not
-move between 1 MiB x 4 and 8 MiB x 2; peak RSS does, ~95 vs ~140 MiB for two files)."""
+waits for us; more would only add memory."""
 
 
 async def put_file(
@@ -55,7 +60,7 @@ async def _put_file(
     digest = hashlib.sha256()
     # A generator, so the file is closed on failure, not left to the GC.
     chunks = iter_chunks(local, CHUNK)
-    part = remote + PART_SUFFIX
+    part = temporary_name(remote)
     total = 0
     async with await sftp.open(part, "wb", block_size=-1, max_requests=128) as f:
         inflight: deque[asyncio.Future[int]] = deque()
@@ -113,7 +118,7 @@ async def _get_file(
 
 async def write_bytes(sftp: asyncssh.SFTPClient, remote: str, data: bytes) -> None:
     """Write a small file atomically: temporary name, fsync, rename."""
-    part = remote + PART_SUFFIX
+    part = temporary_name(remote)
     async with await sftp.open(part, "wb") as f:
         await f.write(data)
         await _fsync(f)
@@ -127,7 +132,7 @@ async def create_new(sftp: asyncssh.SFTPClient, remote: str, data: bytes) -> boo
     ``hardlink@openssh.com``), which fails when the name exists; a server without it gets
     an exclusive-create open (``O_CREAT|O_EXCL``) written in place.
     """
-    part = f"{remote}.{secrets.token_hex(6)}{PART_SUFFIX}"
+    part = unique_temporary_name(remote)
     try:
         async with await sftp.open(part, "wb") as f:
             await f.write(data)
@@ -216,33 +221,6 @@ async def _mkdir_p(sftp: asyncssh.SFTPClient, path: str) -> None:
 def parents(paths: list[str]) -> set[str]:
     """The remote directories that must exist to create ``paths``."""
     return {posixpath.dirname(p) for p in paths}
-
-
-class _Counted:
-    """An ``Advance`` that remembers how much it reported, to take it back on failure."""
-
-    def __init__(self, advance: Advance) -> None:
-        self._advance = advance
-        self.moved = 0
-
-    def __call__(self, nbytes: int) -> None:
-        self.moved += nbytes
-        self._advance(nbytes)
-
-    def rewind(self) -> None:
-        self._advance(-self.moved)
-        self.moved = 0
-
-
-@contextlib.contextmanager
-def counted(advance: Advance) -> Iterator[_Counted]:
-    """Count what the block reports through ``advance``; take it back if the block fails."""
-    tally = _Counted(advance)
-    try:
-        yield tally
-    except BaseException:
-        tally.rewind()
-        raise
 
 
 async def _fsync(f: asyncssh.SFTPClientFile) -> None:

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from traind.errors import StorageError, TransientStorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import StagedWriter, create, hash_file, local_errors
-from traind.storage.local import PART_SUFFIX
+from traind.storage.fileio import StagedWriter, create, hash_file, local_errors, temporary_name
 from traind.storage.ssh.errors import sftp_error
 from traind.storage.ssh.openssh import wire
 
@@ -107,7 +106,7 @@ class SFTPPipe:
 
     def put(self, local: Path, remote: str, advance: Advance) -> tuple[int, str]:
         """Upload ``local`` as ``remote`` (temporary name, fsync, rename); (bytes, sha256)."""
-        part = remote + PART_SUFFIX
+        part = temporary_name(remote)
         digest = hashlib.sha256()
         with local_errors("read", local):
             fd = os.open(local, os.O_RDONLY)

@@ -3,23 +3,12 @@
 Each connection is ``ssh ... -s <host> sftp`` (``ssh/command``: the SFTP mode's host-key
 policy; a subsystem, so no remote command is built from a path) with a worker thread of its
 own driving the pipes (``pipe``): OpenSSH's C client does the encryption, where asyncssh
-pays Python per 32 KiB packet. Connections are reused from file to file, up to
-``concurrency``; each ssh runs in its own process group and is always reaped. A dropped
-connection is a TransientStorageError, retried with backoff like the SFTP mode's.
-
-Measured with bench/ssh_upload.py (1 GiB: two 512 MiB files and three small ones; loopback
-sshd on the same 2 cores; client CPU s/GB, median of 3 runs):
-
-- this mode 1.71 at 478 MB/s, asyncssh's 3.1 at 270; scp -c aes128-gcm 1.1-1.4 at ~480
-  (it hashes nothing: sha256 is 0.55 of our 1.71);
-- requests of the server's size limit (255 KiB with OpenSSH) rather than 64 KiB: 1.71 vs
-  1.95 (and sshd 1.06 vs 1.29); 1 MiB pipes rather than 64 KiB: 1.71 vs 1.87; 64 or 16
-  requests outstanding: the same (the pipes bound what is in flight);
-- connections: 1 gives 1.58 at 408 MB/s, 2 gives 1.66 at 471, 3 (concurrency 4, small files
-  sharing one) 1.71 at 478. Each ssh costs ~75 ms of client CPU, mostly OpenSSH's default
-  sntrup761x25519 key exchange, hence ``WORTH_A_CONNECTION``;
-- everything per packet (read, hash, send, acknowledgements) happens in the connection's
-  thread; the event loop only starts and awaits whole files.
+pays Python per 32 KiB packet, and everything per packet (read, hash, send, acknowledgements)
+stays in that thread; the event loop only starts and awaits whole files. Connections are
+reused from file to file, up to ``concurrency``; each ssh runs in its own process group and
+is always reaped (``traind.child``). A dropped connection is a TransientStorageError, retried
+with backoff like the SFTP mode's. What the choices here were measured against is in the
+README's benchmarks.
 """
 
 from __future__ import annotations
@@ -38,13 +27,13 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import structlog
 
+from traind import child
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.base import Advance
+from traind.storage.base import Advance, counted
 from traind.storage.ssh.command import sftp_argv, ssh_failure
 from traind.storage.ssh.link import SSHLink, retrying
 from traind.storage.ssh.openssh import wire
 from traind.storage.ssh.openssh.pipe import ConnectionLost, SFTPPipe
-from traind.storage.ssh.sftp import counted
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -57,8 +46,8 @@ STOP_GRACE = 5.0
 """Seconds ssh gets to exit after SIGTERM, and again after SIGKILL."""
 
 WORTH_A_CONNECTION = 64 * 1024 * 1024
-"""Bytes a transfer must have to start an ssh of its own while another is open: a new one
-costs ~75 ms of client CPU (OpenSSH's default sntrup761x25519 key exchange) and ~0.3 s."""
+"""Bytes a transfer must have to start an ssh of its own while another is open: every new one
+pays a key exchange (OpenSSH's default sntrup761x25519) and a start-up in client CPU and time."""
 
 
 class OpenSSHTransfer:
@@ -175,9 +164,9 @@ class _Connection:
             with contextlib.suppress(OSError):  # over the per-user pipe quota: keep 64 KiB
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *sftp_argv(link.config, link.known_hosts), stdin=child_in, stdout=child_out,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            proc = await child.spawn(
+                sftp_argv(link.config, link.known_hosts), stdin=child_in, stdout=child_out,
+                stderr=asyncio.subprocess.PIPE,
             )
         except BaseException as exc:
             os.close(ours_out)
@@ -238,13 +227,8 @@ class _Connection:
     async def _close(self) -> None:
         """SIGTERM to ssh's process group, SIGKILL after ``STOP_GRACE``; the pipe is closed
         once the thread using it is done (ssh's exit ends the thread's I/O)."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if self._proc.returncode is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, sig)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), STOP_GRACE)
+        if self._proc.returncode is None:
+            await child.stop(self._proc, STOP_GRACE, (signal.SIGTERM, signal.SIGKILL))
         pending = [f for f in (self._work, self._stderr) if f is not None]
         await asyncio.wait(pending, timeout=STOP_GRACE)
         if self._work is None or self._work.done():
