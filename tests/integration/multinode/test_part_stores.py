@@ -241,8 +241,8 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
     stores: Stores, tmp_path: Path
 ) -> None:
     """Part manifests are listed by rank and read back as stored; the union committed by the
-    last host is what ``committed`` reads on the other; deleting the checkpoint leaves no
-    part, claim or file of it."""
+    last host is what ``committed`` reads on the other; until then the tag is ``uncommitted``
+    with the parts stored; deleting the checkpoint leaves no part, claim or file of it."""
     host0, host1 = stores.make(), stores.make()
     files0 = {"__0_0.distcp": b"zero", ".metadata": b"meta", "config.json": b"{}"}
     files1 = {"__1_0.distcp": b"one", "config.json": b"{}"}
@@ -254,6 +254,7 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
         await host0.commit_part(part0)
         assert await host0.part_ranks(TAG) == {0}
         assert await host1.committed(TAG) is None
+        assert await host1.uncommitted() == {TAG: [part0]}
         await host1.claim_part(TAG, 1, W1)
         await send(host1, tmp_path / "b", files1)
         await host1.commit_part(part1)
@@ -264,6 +265,7 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
         assert isinstance(whole, Manifest)
         await host1.commit(whole)
         assert await host0.committed(TAG) == whole
+        assert await host0.uncommitted() == {}
         assert [m.tag for m in await host0.manifests()] == [TAG]
         await host0.delete(TAG)
         assert await host1.part_ranks(TAG) == set()

@@ -23,7 +23,7 @@ import structlog
 
 from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError, IntegrityError, StorageError
-from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
+from traind.layout.keys import AGREEMENT_DIR, CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
 from traind.layout.manifest import Manifest, Writer, listed
 from traind.layout.parts import Part
 from traind.storage.base import Advance, LocalFile, UploadSession
@@ -182,6 +182,25 @@ class S3Backend:
 
     async def manifests(self) -> list[Manifest]:
         ops = await self._client()
+        found = await fan_out(await self._tags(ops), self._config.concurrency,
+                              lambda tag: self._read_manifest(ops, tag))
+        return [m for m in found if m is not None]
+
+    async def uncommitted(self) -> dict[str, list[Part]]:
+        """Tags with parts stored but no manifest: the run's listing, a manifest read per
+        tag, and the parts of each tag without one."""
+        ops = await self._client()
+        tags = [t for t in await self._tags(ops) if t != AGREEMENT_DIR]
+        manifests = await fan_out(tags, self._config.concurrency,
+                                  lambda tag: self._read_manifest(ops, tag))
+        found = {}
+        for tag, manifest in zip(tags, manifests, strict=True):
+            if manifest is None and (parts := await self.parts(tag)):
+                found[tag] = parts
+        return found
+
+    async def _tags(self, ops: Ops) -> list[str]:
+        """The names of the "directories" directly under the run's prefix, sorted."""
         tags: list[str] = []
         token: str | None = None
         while True:
@@ -192,10 +211,7 @@ class S3Backend:
                 tags.append(str(common["Prefix"])[len(self._run_prefix):].rstrip("/"))
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
-                break
-        found = await fan_out(sorted(tags), self._config.concurrency,
-                              lambda tag: self._read_manifest(ops, tag))
-        return [m for m in found if m is not None]
+                return sorted(tags)
 
     async def _read_manifest(self, ops: Ops, tag: str) -> Manifest | None:
         try:

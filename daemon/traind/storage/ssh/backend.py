@@ -25,6 +25,7 @@ import structlog
 from traind.config import SSHStorage
 from traind.errors import ConflictError, IntegrityError, StorageError, TransientStorageError
 from traind.layout.keys import (
+    AGREEMENT_DIR,
     CLAIM_NAME,
     MANIFEST_NAME,
     check_component,
@@ -263,6 +264,26 @@ class SSHBackend:
         path = posixpath.join(self._tag_dir(tag), MANIFEST_NAME)
         data = await self._link.call(f"read {path}", lambda sftp: read_bytes(sftp, path))
         return Manifest.from_json(data) if data is not None else None
+
+    async def uncommitted(self) -> dict[str, list[Part]]:
+        """Tags with parts stored but no manifest: one listing of the run, then the parts of
+        each tag without a manifest."""
+        async def op(sftp: asyncssh.SFTPClient) -> dict[str, list[Part]]:
+            try:
+                entries = await sftp.readdir(self._root)
+            except asyncssh.SFTPNoSuchFile:
+                return {}
+            found = {}
+            dirs = (str(e.filename) for e in entries
+                    if e.attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY)
+            for name in sorted(n for n in dirs if n not in {".", "..", AGREEMENT_DIR}):
+                base = posixpath.join(self._root, name)
+                if await read_bytes(sftp, posixpath.join(base, MANIFEST_NAME)) is None and (
+                        parts := await ssh_parts.parts(sftp, base)):
+                    found[name] = parts
+            return found
+
+        return await self._link.call(f"list {self._root}", op)
 
     async def commit(self, manifest: Manifest) -> None:
         """Create the manifest exclusively (written whole, then linked): now the checkpoint
