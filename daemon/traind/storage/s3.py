@@ -80,7 +80,8 @@ class S3Backend:
         # Objects and parts sent directly; None (proxies, TRAIND_S3_DIRECT=0): aiobotocore.
         direct = direct_client(ops, cfg.connect_timeout)
         uploader = Uploader(
-            ops, direct, BufferPool(cfg.concurrency), self._bandwidth, cfg.part_size,
+            ops, direct, BufferPool(cfg.upload_memory or cfg.concurrency * cfg.part_size),
+            self._bandwidth, cfg.part_size,
             crc=cfg.request_checksum_calculation == "when_supported",
         )
         # Bounds files in flight (each holds an open multipart upload); parts are bounded
@@ -208,7 +209,7 @@ class S3Backend:
         # ``concurrency`` GETs in flight, each into its own buffer. A range received ahead
         # of a slower one keeps its buffer until it is hashed; spare buffers for such ranges
         # gained nothing measurable (one spare, or twice the buffers).
-        pool = BufferPool(self._config.concurrency)
+        pool = BufferPool(self._config.concurrency * RANGE_SIZE)
 
         async def one(path: str, size: int) -> None:
             key = self._key(manifest.tag, path)
