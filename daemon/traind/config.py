@@ -142,9 +142,11 @@ class S3Storage(Section):
     access_key_id: SecretStr | None = None
     secret_access_key: SecretStr | None = None
     session_token: SecretStr | None = None
-    # Upload memory is bounded by concurrency x part_size (8 x 8 MiB = 64 MiB).
+    # Upload memory is bounded by upload_memory, by default concurrency x part_size (8 x 8 MiB
+    # = 64 MiB): a whole small file takes its size of it, a part part_size.
     part_size: Size = Field(default=8 * 1024**2, ge=5 * 1024**2, le=5 * 1024**3)
     concurrency: int = Field(default=8, ge=1, le=256)
+    upload_memory: Size | None = Field(default=None, ge=1)
     max_bandwidth: Size | None = Field(default=None, ge=1)
     request_checksum_calculation: Literal["when_supported", "when_required"] = "when_supported"
     retries: int = Field(default=8, ge=0)

@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -121,6 +121,14 @@ class StoredFile:
     mtime_ns: int | None
 
 
+@dataclass
+class _Batch:
+    """The statements of ``file_done`` calls to write in one transaction."""
+
+    ops: list[tuple[str, Sequence[Any]]] = field(default_factory=list)
+    written: bool = False
+
+
 class Journal:
     """Thread-safe access to one run's records in the journal database; async methods run
     in a worker thread."""
@@ -136,6 +144,9 @@ class Journal:
         with _sqlite(path):
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
+        self._done_batch: _Batch | None = None
+        """File records waiting for the next ``file_done`` transaction."""
+        self._done_lock = asyncio.Lock()
         try:
             with _sqlite(path):
                 self._db.execute("PRAGMA journal_mode=WAL")
@@ -384,15 +395,27 @@ class Journal:
         return await self._run(self.files_sync, tag)
 
     async def file_done(self, tag: str, path: str, sha256: str) -> None:
-        """Record that ``path`` of ``tag`` is durably stored with this sha256."""
-        await self._write(
-            [
-                ("UPDATE files SET sha256 = ? WHERE run = ? AND tag = ? AND path = ?",
-                 (sha256, self._key, tag, path)),
-                ("DELETE FROM resume WHERE run = ? AND tag = ? AND path = ?",
-                 (self._key, tag, path)),
-            ],
-        )
+        """Record that ``path`` of ``tag`` is durably stored with this sha256; return once
+        the record is durable. Records of files finishing while another is written share
+        the next transaction, so many small files cost one fsync, not one each."""
+        batch = self._done_batch
+        if batch is None:
+            batch = self._done_batch = _Batch()
+        batch.ops += [
+            ("UPDATE files SET sha256 = ? WHERE run = ? AND tag = ? AND path = ?",
+             (sha256, self._key, tag, path)),
+            ("DELETE FROM resume WHERE run = ? AND tag = ? AND path = ?",
+             (self._key, tag, path)),
+        ]
+        async with self._done_lock:
+            # Written by an earlier holder: done. Not (its write failed or was cancelled):
+            # written again here, which is harmless, as every statement is idempotent.
+            if batch.written:
+                return
+            if self._done_batch is batch:
+                self._done_batch = None  # later records go to the next transaction
+            await self._write(batch.ops)
+            batch.written = True
 
     async def load_resume(self, tag: str, path: str) -> str | None:
         """Opaque resume state a backend saved for one file."""

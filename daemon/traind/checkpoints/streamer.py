@@ -546,14 +546,19 @@ class Streamer:
 
     def _still_ours(self, tag: str, ours: Writer) -> Callable[[], Awaitable[None]]:
         """The check between files that the claim on ``tag`` is still ``ours`` (a renewal,
-        at most one every CLAIM_CHECK_EVERY seconds however many files finish)."""
+        at most one every CLAIM_CHECK_EVERY seconds however many files finish, and never two
+        at once: a slow store would have them race each other's compare-and-swap)."""
         last = time.monotonic()
+        renewing = False
 
         async def check() -> None:
-            nonlocal last
-            if time.monotonic() - last >= CLAIM_CHECK_EVERY:
-                last = time.monotonic()
-                await self.storage.renew(tag, ours)  # ConflictError: lost, stop sending
+            nonlocal last, renewing
+            if not renewing and time.monotonic() - last >= CLAIM_CHECK_EVERY:
+                renewing = True
+                try:
+                    await self.storage.renew(tag, ours)  # ConflictError: lost, stop sending
+                finally:
+                    renewing, last = False, time.monotonic()
 
         return check
 

@@ -79,7 +79,8 @@ class S3Backend:
         ops = await self._client()
         cfg = self._config
         uploader = Uploader(
-            ops, BufferPool(cfg.concurrency), self._bandwidth, cfg.part_size,
+            ops, BufferPool(cfg.upload_memory or cfg.concurrency * cfg.part_size),
+            self._bandwidth, cfg.part_size,
             crc=cfg.request_checksum_calculation == "when_supported",
         )
 
@@ -234,7 +235,7 @@ class S3Backend:
         # ``concurrency`` GETs in flight, each into its own buffer. A range received ahead
         # of a slower one keeps its buffer until it is hashed; spare buffers for such ranges
         # gained nothing measurable (one spare, or twice the buffers).
-        pool = BufferPool(self._config.concurrency)
+        pool = BufferPool(self._config.concurrency * RANGE_SIZE)
 
         async def one(path: str, size: int) -> None:
             key = self._key(manifest.tag, path)

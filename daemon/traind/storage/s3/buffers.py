@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import hashlib
 import mmap
 import os
@@ -79,30 +80,77 @@ class PartBody(Payload):
 
 
 class BufferPool:
-    """At most ``count`` buffers exist at once; they are reused, not reallocated.
+    """Buffers of at most ``budget`` bytes in all, handed out and kept for reuse, not
+    reallocated; a request waits, in order, until its size fits (one larger than the whole
+    budget is given alone).
 
-    Reuse matters: a fresh 16 MiB buffer per part costs thousands of page faults. Buffers
-    are anonymous maps, so page-aligned as direct I/O needs (``fileio.direct_io``).
+    Bounded by bytes, not count, so whole small files (DCP/ZeRO shards) can be in flight by
+    the hundred in the memory a few parts take. Reuse matters: a fresh 16 MiB buffer per
+    part costs thousands of page faults. Buffers are anonymous maps, so page-aligned as
+    direct I/O needs (``fileio.direct_io``).
     """
 
-    def __init__(self, count: int) -> None:
-        self._slots = asyncio.Semaphore(count)
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._used = 0
+        """Bytes of the buffers handed out."""
         self._free: list[mmap.mmap] = []
+        self._cached = 0
+        """Bytes of the buffers in ``_free``."""
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = (
+            collections.deque())
+
+    def _fits(self, size: int) -> bool:
+        return self._used == 0 or self._used + size <= self._budget
 
     async def acquire(self, size: int) -> mmap.mmap:
-        """Wait for a free slot; return a buffer of at least ``size`` bytes."""
-        await self._slots.acquire()
-        for i, buf in enumerate(self._free):
-            if len(buf) >= size:
-                return self._free.pop(i)
-        if self._free:
-            self._free.pop()
-        return mmap.mmap(-1, max(size, 1))
+        """Wait until ``size`` bytes fit the budget; return a buffer of at least that many."""
+        size = max(size, 1)
+        if self._waiting or not self._fits(size):
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append((size, waiter))
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._used -= size  # granted just as it was cancelled: give it back
+                elif (size, waiter) in self._waiting:
+                    self._waiting.remove((size, waiter))
+                self._wake()
+                raise
+        else:
+            self._used += size
+        return self._take(size)
+
+    def _take(self, size: int) -> mmap.mmap:
+        """A buffer for ``size`` bytes already counted in ``_used``: the smallest free one
+        that fits without overrunning the budget, else a new one (dropping free ones)."""
+        fit = [b for b in self._free if size <= len(b) <= self._budget - self._used + size]
+        if fit:
+            buf = min(fit, key=len)
+            self._free.remove(buf)
+            self._cached -= len(buf)
+            self._used += len(buf) - size
+            return buf
+        self._free.sort(key=len)
+        while self._free and self._used + self._cached > self._budget:
+            self._cached -= len(self._free.pop())
+        return mmap.mmap(-1, size)
 
     def release(self, buf: mmap.mmap) -> None:
         """Give a buffer back."""
+        self._used -= len(buf)
         self._free.append(buf)
-        self._slots.release()
+        self._cached += len(buf)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Grant waiting requests, first come first served, while they fit."""
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, waiter = self._waiting.popleft()
+            if not waiter.done():
+                self._used += size
+                waiter.set_result(None)
 
 
 class TokenBucket:

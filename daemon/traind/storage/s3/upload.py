@@ -31,6 +31,9 @@ from traind.storage.tasks import task_group
 log = structlog.get_logger("traind.s3")
 MAX_PARTS = 10_000
 MIB = 1024 * 1024
+INLINE_READ = 256 * 1024
+"""Files up to this size are read and hashed on the event loop: for a checkpoint of many
+small files, a hop to a worker thread per file costs more than the read itself."""
 
 
 @dataclass
@@ -121,7 +124,10 @@ class Uploader:
         try:
             view = memoryview(buf)[:size]
             digest = new_digest()
-            crc = await asyncio.to_thread(_read_whole, path, view, digest, self._crc)
+            if size <= INLINE_READ:
+                crc = _read_whole(path, view, digest, self._crc)
+            else:
+                crc = await asyncio.to_thread(_read_whole, path, view, digest, self._crc)
             await self._put(key, view, crc)
         finally:
             self._pool.release(buf)
