@@ -17,16 +17,17 @@ from typing import ParamSpec, TypeVar
 
 from traind.config import LocalStorage
 from traind.errors import ConflictError, IntegrityError, TransientStorageError
-from traind.layout.keys import AGREEMENT_DIR, CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
-from traind.layout.manifest import Manifest, Writer, listed
-from traind.layout.parts import (
+from traind.layout.keys import (
+    AGREEMENT_DIR,
+    CLAIM_NAME,
+    MANIFEST_NAME,
     PART_CLAIM_PREFIX,
     PART_PREFIX,
-    Part,
-    PartsDisagreeError,
-    part_claim_name,
-    part_name,
+    check_relpath,
+    check_tag,
 )
+from traind.layout.manifest import Manifest, Writer, listed
+from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import (
     Lease,

@@ -53,8 +53,10 @@ def dcp_job(tmp_path: Path, steps: int, env: dict[str, str] | None = None, nodes
                 proc.wait(timeout=10)
 
 
-def host_configs(tmp_path: Path, nodes: int, storage: str) -> list[Path]:
-    """Each host's traind config: the same run and store."""
+def host_configs(tmp_path: Path, nodes: int, storage: str | None = None) -> list[Path]:
+    """Each host's traind config: the same run and store (by default a local one at
+    ``tmp_path/store``)."""
+    storage = storage or f'type = "local"\npath = "{tmp_path / "store"}"'
     configs = []
     for rank in range(nodes):
         root = tmp_path / f"node{rank}"

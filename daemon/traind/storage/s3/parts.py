@@ -19,16 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from traind.errors import ConflictError, TransientStorageError
-from traind.layout.keys import CLAIM_NAME, check_relpath
+from traind.layout.keys import CLAIM_NAME, PART_CLAIM_PREFIX, PART_PREFIX, check_relpath
 from traind.layout.manifest import Writer
-from traind.layout.parts import (
-    PART_CLAIM_PREFIX,
-    PART_PREFIX,
-    Part,
-    PartsDisagreeError,
-    part_claim_name,
-    part_name,
-)
+from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name
 from traind.storage.base import LocalFile, UploadSession
 from traind.storage.claim import check_claim
 from traind.storage.fileio import hash_file
