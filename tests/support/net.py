@@ -1,9 +1,11 @@
-"""Free loopback ports for the servers tests start."""
+"""Free loopback ports for the servers tests start, and a loopback server for a handler."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 
 def free_port() -> int:
@@ -18,3 +20,16 @@ def free_ports(count: int) -> list[int]:
         for s in socks:
             s.bind(("127.0.0.1", 0))
         return [s.getsockname()[1] for s in socks]
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """Serve ``handler`` on a free loopback port for the block; yield its ``http://`` URL."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await asyncio.wait_for(server.wait_closed(), 10)

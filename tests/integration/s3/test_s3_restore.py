@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tests.integration.s3.conftest import MIB, RecordingSession, Sent, make_checkpoint, s3_config
 from tests.integration.s3.test_s3_backend import manifest_of
+from tests.support.net import serving
 from tests.support.seaweed import SeaweedS3
 
 from traind.config import S3Storage
@@ -66,14 +67,12 @@ class Relay:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Relay]:
-        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        try:
-            yield self
-        finally:
-            server.close()
-            for task in self._tasks:
-                task.cancel()
+        async with serving(self._serve) as self.endpoint:
+            try:
+                yield self
+            finally:
+                for task in self._tasks:
+                    task.cancel()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

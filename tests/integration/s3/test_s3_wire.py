@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from tests.integration.s3.conftest import MIB, RecordingSession, make_checkpoint
 from tests.integration.s3.test_s3_backend import manifest_of
+from tests.support.net import serving
 
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
@@ -45,13 +46,8 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Store]:
-        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.endpoint = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        try:
+        async with serving(self._serve) as self.endpoint:
             yield self
-        finally:
-            server.close()
-            await asyncio.wait_for(server.wait_closed(), 10)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
