@@ -9,8 +9,15 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.integration.multinode.test_parts_local import dcp_job, event, host_configs, start
+from tests.integration.multinode.test_parts_local import (
+    dcp_job,
+    event,
+    host_configs,
+    run_to_end,
+    start,
+)
 from tests.support import tiny_train
+from tests.support.daemon import DaemonProcess
 from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
 
@@ -39,15 +46,21 @@ def hf_job(tmp_path: Path, steps: int, *flags: str) -> None:
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         for rank in range(2)
     ]
+    run_to_end(procs, timeout=240)
+
+
+def committed_on_every_host(hosts: list[Path], env: dict[str, str], *tags: str) -> None:
+    """Start a traind per host, wait until each has committed ``tags``, stop them cleanly."""
+    daemons: list[DaemonProcess] = []
     try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=240)
-            assert proc.returncode == 0, out
+        daemons = [start(cfg, rank, env=env) for rank, cfg in enumerate(hosts)]
+        for daemon in daemons:
+            for tag in tags:
+                event(daemon, "checkpoint_committed", tag)
+        assert [daemon.stop() for daemon in daemons] == [0] * len(daemons)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait(timeout=10)
+        for daemon in daemons:
+            daemon.kill()
 
 
 def test_a_dcp_part_past_node_0_settles_without_a_marker(tmp_path: Path) -> None:
@@ -55,15 +68,7 @@ def test_a_dcp_part_past_node_0_settles_without_a_marker(tmp_path: Path) -> None
     its disk) stores its part once quiet for settle, and the union is committed."""
     hosts = host_configs(tmp_path, 2)
     dcp_job(tmp_path, steps=1)
-    daemons = []
-    try:
-        daemons = [start(cfg, rank, env=DEFAULT_MARKERS) for rank, cfg in enumerate(hosts)]
-        for daemon in daemons:
-            event(daemon, "checkpoint_committed", "checkpoint-1")
-        assert [daemon.stop() for daemon in daemons] == [0, 0]
-    finally:
-        for daemon in daemons:
-            daemon.kill()
+    committed_on_every_host(hosts, DEFAULT_MARKERS, "checkpoint-1")
     manifest = json.loads((tmp_path / "store/exp/checkpoint-1" / MANIFEST_NAME).read_text())
     assert sorted(f["path"] for f in manifest["files"]) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp", "config.json"]
@@ -82,16 +87,7 @@ def test_hf_trainer_marks_every_node_and_each_part_completes_by_it(tmp_path: Pat
     assert sorted(p.name for p in (tmp_path / "node1/out/checkpoint-2").iterdir()) == [
         EXPLICIT_MARKER, "rng_state_1.pth"]
     env = {**DEFAULT_MARKERS, "TRAIND_CHECKPOINTS__SETTLE": "1h"}
-    daemons = []
-    try:
-        daemons = [start(cfg, rank, env=env) for rank, cfg in enumerate(hosts)]
-        for daemon in daemons:
-            for tag in ("checkpoint-1", "checkpoint-2"):
-                event(daemon, "checkpoint_committed", tag)
-        assert [daemon.stop() for daemon in daemons] == [0, 0]
-    finally:
-        for daemon in daemons:
-            daemon.kill()
+    committed_on_every_host(hosts, env, "checkpoint-1", "checkpoint-2")
     manifest = json.loads((tmp_path / "store/exp/checkpoint-2" / MANIFEST_NAME).read_text())
     paths = {f["path"] for f in manifest["files"]}
     assert {"rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= paths
@@ -106,15 +102,7 @@ def test_a_node_that_wrote_nothing_of_a_save_stores_an_empty_part(tmp_path: Path
     assert [p.name for p in (tmp_path / "node1/out/checkpoint-1").iterdir()] == [
         EXPLICIT_MARKER]
     env = {**DEFAULT_MARKERS, "TRAIND_CHECKPOINTS__SETTLE": "1h"}
-    daemons = []
-    try:
-        daemons = [start(cfg, rank, env=env) for rank, cfg in enumerate(hosts)]
-        for daemon in daemons:
-            event(daemon, "checkpoint_committed", "checkpoint-1")
-        assert [daemon.stop() for daemon in daemons] == [0, 0]
-    finally:
-        for daemon in daemons:
-            daemon.kill()
+    committed_on_every_host(hosts, env, "checkpoint-1")
     store = tmp_path / "store/exp/checkpoint-1"
     manifest = json.loads((store / MANIFEST_NAME).read_text())
     assert "model.safetensors" in {f["path"] for f in manifest["files"]}

@@ -42,9 +42,14 @@ def dcp_job(tmp_path: Path, steps: int, env: dict[str, str] | None = None, nodes
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         for rank in range(nodes)
     ]
+    run_to_end(procs, timeout=120)
+
+
+def run_to_end(procs: list[subprocess.Popen[str]], timeout: float) -> None:
+    """Wait for every process of a job to exit 0; kill the groups of any left running."""
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=120)
+            out, _ = proc.communicate(timeout=timeout)
             assert proc.returncode == 0, out
     finally:
         for proc in procs:
