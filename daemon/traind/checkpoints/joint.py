@@ -222,8 +222,8 @@ def _agreement(storage: Storage) -> AgreementStore:
     return storage
 
 
-_UNABLE = ("{} cannot agree on the resume point of a multi-node job (run.nodes > 1 needs "
-           "storage.type = \"local\")")
+_UNABLE = ("{} cannot agree on the resume point of a multi-node job (run.nodes > 1 with "
+           "[trainer] needs storage.type = \"local\", \"s3\" or \"ssh\")")
 
 
 def _unanswered(ticket: Path | None) -> str | None:

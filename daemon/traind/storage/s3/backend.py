@@ -23,11 +23,18 @@ import structlog
 
 from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError, IntegrityError, StorageError
-from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
+from traind.layout.keys import (
+    AGREEMENT_DIR,
+    CLAIM_NAME,
+    MANIFEST_NAME,
+    check_relpath,
+    check_tag,
+)
 from traind.layout.manifest import Manifest, Writer, listed
 from traind.layout.parts import Part
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import Lease, check_committed
+from traind.storage.s3 import agreement as s3_agreement
 from traind.storage.s3 import claim as s3_claim
 from traind.storage.s3 import parts as s3_parts
 from traind.storage.s3.buffers import BufferPool, TokenBucket
@@ -174,6 +181,29 @@ class S3Backend:
     async def committed(self, tag: str) -> Manifest | None:
         return await self._read_manifest(await self._client(), check_tag(tag))
 
+    async def uncommitted(self) -> dict[str, list[Part]]:
+        return await s3_agreement.uncommitted(await self._client(), self._run_prefix,
+                                              MANIFEST_NAME, AGREEMENT_DIR)
+
+    @property
+    def _agreement(self) -> str:
+        return f"{self._run_prefix}{AGREEMENT_DIR}/"
+
+    async def request_start(self, rank: int, nonce: str) -> None:
+        await s3_agreement.request_start(await self._client(), self._agreement, rank, nonce)
+
+    async def withdraw_start(self, rank: int, nonce: str) -> None:
+        await s3_agreement.withdraw_start(await self._client(), self._agreement, rank, nonce)
+
+    async def start_requests(self) -> dict[int, str]:
+        return await s3_agreement.start_requests(await self._client(), self._agreement)
+
+    async def write_board(self, data: bytes) -> None:
+        await s3_agreement.write_board(await self._client(), self._agreement, data)
+
+    async def read_board(self) -> bytes | None:
+        return await s3_agreement.read_board(await self._client(), self._agreement)
+
     async def commit(self, manifest: Manifest) -> None:
         ops = await self._client()
         body = manifest.to_json()
@@ -193,7 +223,9 @@ class S3Backend:
             page = await ops.call("list_objects_v2", Prefix=self._run_prefix, Delimiter="/",
                                   MaxKeys=LIST_PAGE, **extra)
             for common in page.get("CommonPrefixes", []):
-                tags.append(str(common["Prefix"])[len(self._run_prefix):].rstrip("/"))
+                if (tag := str(common["Prefix"])[len(self._run_prefix):].rstrip("/")) \
+                        != AGREEMENT_DIR:  # the resume agreement's, never a checkpoint
+                    tags.append(tag)
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 break
