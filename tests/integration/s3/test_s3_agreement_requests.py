@@ -67,3 +67,21 @@ async def test_throttled_requests_listing_is_retried_never_empty(
             proxy.throttle = -1
             with pytest.raises(TransientStorageError, match="SlowDown"):
                 await node0.start_requests()
+
+
+async def test_two_requests_of_one_rank_listed_the_newest_wins(
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend]
+) -> None:
+    """A rank's older request still listed beside its newer one (a delete not yet seen):
+    start_requests names the one stored last."""
+    async with asyncio.timeout(60):
+        node0 = backends(s3_config(s3_server, bucket))
+        await node0.request_start(1, nonce(1, 9))
+        await asyncio.sleep(1.1)  # listed times are whole seconds
+        client = s3_server.client()
+        try:
+            client.put_object(Bucket=bucket, Key=f"ckpts/run1/.traind-resume/start-1-"
+                              f"{nonce(1, 2)}", Body=b"")
+        finally:
+            client.close()
+        assert await node0.start_requests() == {1: nonce(1, 2)}
