@@ -46,11 +46,6 @@ log = structlog.get_logger("traind.app")
 
 _STORE_RETRY = (1.0, 60.0)
 """Waiting for a store that cannot be reached: the first pause and the cap, in seconds."""
-_NOT_YET_MULTINODE = (
-    "run.nodes = {nodes}: {what} is not supported with several nodes yet ({why}); "
-    "run.nodes > 1 with [trainer] works with storage.type = \"local\"; without [trainer] "
-    "(the scheduler starts the trainer) with every store"
-)
 _WAITING_HINT = ("waiting for the store before the trainer starts: output_dir holds no "
                  "checkpoint to resume from, and the store may hold a newer one")
 
@@ -187,12 +182,6 @@ class Daemon:
             node_rank=node.rank,
             node_rank_from=node.source,
         )
-        if node.nodes > 1 and s.trainer is not None and not isinstance(
-                s.storage, config.LocalStorage):
-            raise TraindError(_NOT_YET_MULTINODE.format(
-                nodes=node.nodes, what=f'[trainer] with storage.type = "{s.storage.type}"',
-                why="the hosts agree on the checkpoint every trainer resumes from in the "
-                    "store, built for the local store so far"))
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
         for pinned in self._state.dropped:  # let go to open the journal at all
             await self.journal.set_state(pinned.tag, "dropped")

@@ -194,3 +194,26 @@ async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
     late.cancel()
     with pytest.raises(asyncio.CancelledError):
         await late
+
+
+async def test_a_ticket_nonce_unfit_for_a_key_is_not_reused(
+    tmp_path: Path, store: LocalBackend
+) -> None:
+    """An unanswered ticket whose nonce is not letters and digits (an edited file) is not
+    asked with again (S3 puts the nonce in a key): the request gets a fresh nonce."""
+    ticket = tmp_path / "state1" / "resume-request.json"
+    ticket.parent.mkdir()
+    ticket.write_text(json.dumps({"nonce": "../x y", "answered": False}))
+    waiting = asyncio.create_task(JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True,
+                                              0.0, ticket, poll=(30.0, 30.0)).agree(store))
+    try:
+        await until(lambda: json.loads(ticket.read_text())["nonce"] != "../x y")
+        async with asyncio.timeout(10):
+            asked = await store.start_requests()
+        assert list(asked) == [1]
+        assert asked[1] == json.loads(ticket.read_text())["nonce"]
+        assert asked[1].isalnum()
+    finally:
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting

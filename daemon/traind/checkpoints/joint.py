@@ -222,18 +222,20 @@ def _agreement(storage: Storage) -> AgreementStore:
     return storage
 
 
-_UNABLE = ("{} cannot agree on the resume point of a multi-node job (run.nodes > 1 needs "
-           "storage.type = \"local\")")
+_UNABLE = ("{} cannot agree on the resume point of a multi-node job (run.nodes > 1 with "
+           "[trainer] needs storage.type = \"local\", \"s3\" or \"ssh\")")
 
 
 def _unanswered(ticket: Path | None) -> str | None:
-    """The nonce of this host's last request when no trainer start used its answer."""
+    """The nonce of this host's last request when no trainer start used its answer; one
+    that is not letters and digits (an edited file) is not reused: S3 keys carry it."""
     try:
         raw = json.loads(ticket.read_bytes()) if ticket is not None else None
     except (OSError, ValueError):
         return None
-    if isinstance(raw, dict) and not raw.get("answered") and isinstance(raw.get("nonce"), str):
-        return str(raw["nonce"])
+    nonce = raw.get("nonce") if isinstance(raw, dict) and not raw.get("answered") else None
+    if isinstance(nonce, str) and nonce.isascii() and nonce.isalnum():
+        return nonce
     return None
 
 

@@ -1,7 +1,8 @@
 """Every PartStore against its real store — a local directory, SeaweedFS over S3 (with
 conditional writes and with the listing fallback) and OpenSSH's sshd over SFTP (and the
 openssh and rsync transfers): part claims per node rank, files never stored over another host's,
-part manifests, the union committed, and nothing of a pruned checkpoint left behind."""
+part manifests, the union committed, and nothing of a pruned checkpoint left behind; and
+each AgreementStore method, with its reserved directory never taken for a checkpoint."""
 
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Strea
 from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage, S3Storage, SSHStorage
 from traind.errors import ConflictError
+from traind.layout.keys import AGREEMENT_DIR
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError, union
 from traind.nodes import NodeRank
 from traind.storage import LocalFile, PartStore, Storage
+from traind.storage.base import AgreementStore
 from traind.storage.local import LocalBackend
 
 W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
@@ -36,8 +39,8 @@ TAG = "checkpoint-4"
 KINDS = ["local", "s3", "s3-listed", "ssh", "ssh-openssh", "ssh-rsync"]
 
 
-class Backend(Storage, PartStore, Protocol):
-    """What every store here is: a Storage that stores parts."""
+class Backend(Storage, PartStore, AgreementStore, Protocol):
+    """What every store here is: a Storage that stores parts and the resume agreement."""
 
 
 class Session:
@@ -241,8 +244,8 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
     stores: Stores, tmp_path: Path
 ) -> None:
     """Part manifests are listed by rank and read back as stored; the union committed by the
-    last host is what ``committed`` reads on the other; until then the tag is ``uncommitted``
-    with the parts stored; deleting the checkpoint leaves no part, claim or file of it."""
+    last host is what ``committed`` reads on the other; deleting the checkpoint leaves no
+    part, claim or file of it."""
     host0, host1 = stores.make(), stores.make()
     files0 = {"__0_0.distcp": b"zero", ".metadata": b"meta", "config.json": b"{}"}
     files1 = {"__1_0.distcp": b"one", "config.json": b"{}"}
@@ -254,7 +257,6 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
         await host0.commit_part(part0)
         assert await host0.part_ranks(TAG) == {0}
         assert await host1.committed(TAG) is None
-        assert await host1.uncommitted() == {TAG: [part0]}
         await host1.claim_part(TAG, 1, W1)
         await send(host1, tmp_path / "b", files1)
         await host1.commit_part(part1)
@@ -265,7 +267,6 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
         assert isinstance(whole, Manifest)
         await host1.commit(whole)
         assert await host0.committed(TAG) == whole
-        assert await host0.uncommitted() == {}
         assert [m.tag for m in await host0.manifests()] == [TAG]
         await host0.delete(TAG)
         assert await host1.part_ranks(TAG) == set()
@@ -307,3 +308,76 @@ async def test_part_pruned_while_waiting_leaves_no_orphan(
         for _, journal in hosts:
             journal.close()
     assert stores.names(TAG) == []
+
+
+async def test_start_requests_and_board_round_trip(stores: Stores) -> None:
+    """Each rank's start request replaces its last one and is listed by every host; a
+    withdraw of a nonce no longer there leaves the request; the board is None until
+    written, then read back as last written; nothing else is left beside them."""
+    host0, host1, node0 = stores.make(), stores.make(), stores.make()
+    async with asyncio.timeout(60):
+        assert await node0.start_requests() == {}
+        assert await host1.read_board() is None
+        await host0.request_start(0, "a" * 32)
+        await host1.request_start(1, "b" * 32)
+        await host1.request_start(1, "c" * 32)
+        await host1.request_start(1, "c" * 32)  # a killed daemon asking again, same nonce
+        assert await node0.start_requests() == {0: "a" * 32, 1: "c" * 32}
+        await host1.withdraw_start(1, "b" * 32)
+        assert await node0.start_requests() == {0: "a" * 32, 1: "c" * 32}
+        await host1.withdraw_start(1, "c" * 32)
+        assert await node0.start_requests() == {0: "a" * 32}
+        await node0.write_board(b'{"round": 1}')
+        assert await host1.read_board() == b'{"round": 1}'
+        await node0.write_board(b'{"round": 2}')
+        assert await host0.read_board() == b'{"round": 2}'
+    left = stores.names(AGREEMENT_DIR)
+    assert "board.json" in left
+    assert len(left) == 2, left  # node 0's one request and the board: no temporary file
+
+
+async def test_reserved_dir_is_never_a_checkpoint(stores: Stores, tmp_path: Path) -> None:
+    """With requests and a board stored beside the tags, manifests() (what retention
+    prunes from) lists only the committed tag, uncommitted() only the tag whose parts wait,
+    and deleting both tags leaves the agreement as it was."""
+    host0, host1 = stores.make(), stores.make()
+    async with asyncio.timeout(90):
+        await host0.request_start(0, "a" * 32)
+        await host1.request_start(1, "b" * 32)
+        await host0.write_board(b"{}")
+        files0 = {"__0_0.distcp": b"zero"}
+        await host0.claim_part(TAG, 0, W0)
+        await send(host0, tmp_path / "a", files0)
+        await host0.commit_part(part0 := part(0, files0, W0))
+        await host0.commit(Manifest("run", "checkpoint-5", 5, (), writer=W0))
+        assert [m.tag for m in await host1.manifests()] == ["checkpoint-5"]
+        assert await host1.uncommitted() == {TAG: [part0]}
+        for tag in (TAG, "checkpoint-5"):
+            await host0.delete(tag)
+        assert await host1.manifests() == []
+        assert await host1.uncommitted() == {}
+        assert await host1.start_requests() == {0: "a" * 32, 1: "b" * 32}
+        assert await host1.read_board() == b"{}"
+
+
+async def test_uncommitted_lists_tags_whose_parts_wait(stores: Stores, tmp_path: Path) -> None:
+    """uncommitted() holds each tag with parts and no manifest, with those parts as
+    stored; once the union is committed the tag is no longer there."""
+    host0, host1 = stores.make(), stores.make()
+    files0, files1 = {"__0_0.distcp": b"zero"}, {"__1_0.distcp": b"one"}
+    part0, part1 = part(0, files0, W0), part(1, files1, W1)
+    async with asyncio.timeout(90):
+        assert await host0.uncommitted() == {}
+        await host0.claim_part(TAG, 0, W0)
+        await send(host0, tmp_path / "a", files0)
+        await host0.commit_part(part0)
+        assert await host1.uncommitted() == {TAG: [part0]}
+        await host1.claim_part(TAG, 1, W1)
+        await send(host1, tmp_path / "b", files1)
+        await host1.commit_part(part1)
+        found = await host0.uncommitted()
+        assert sorted(found[TAG], key=lambda p: p.node_rank) == [part0, part1]
+        whole = union(TAG, found[TAG], 2, W1)
+        assert isinstance(whole, Manifest)
+        await host1.commit(whole)
+        assert await host0.uncommitted() == {}

@@ -1,6 +1,7 @@
 """Hosts of one torch.distributed job, one traind each (own output_dir and state_dir) with
-the job's torchrun as its [trainer], one local store: every trainer start of every host
-resumes from the same globally committed checkpoint, made whole on that host's disk."""
+the job's torchrun as its [trainer], one store (local; a crash and wiped hosts also on S3 on
+SeaweedFS and SSH to sshd): every trainer start of every host resumes from the same
+globally committed checkpoint, made whole on that host's disk."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from tests.integration.multinode.test_parts_local import MARKERS, RANK_FROM, SCR
 from tests.support.daemon import DaemonProcess, Event, write_config
 from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
+from tests.support.stores import StoreView, running_store
 
 from traind.layout.keys import AGREEMENT_DIR, MANIFEST_NAME
 
@@ -25,10 +28,17 @@ WAIT = 240.0
 _RESUMED = re.compile(r"dcp_resumed step=(\d+) weight_ok=(\d)")
 
 
-def configs(tmp_path: Path, nodes: int, steps: int, env: dict[str, str] | None = None
-            ) -> list[Path]:
-    """Each host's traind config: the same run and store, and as its trainer this host's
-    torchrun of the job (``steps`` steps, one master port)."""
+@pytest.fixture(params=["local", "s3", "ssh"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, StoreView]]:
+    """A fresh store of each kind: its [storage] body, and a view of run ``exp`` in it."""
+    with running_store(str(request.param), tmp_path, run="exp") as found:
+        yield found
+
+
+def configs(tmp_path: Path, nodes: int, steps: int, env: dict[str, str] | None = None,
+            storage: str | None = None) -> list[Path]:
+    """Each host's traind config: the same run and store (``storage``, else a local one),
+    and as its trainer this host's torchrun of the job (``steps`` steps, one master port)."""
     need_binary("torchrun")
     need_module("torch")
     port = free_port()
@@ -45,7 +55,8 @@ def configs(tmp_path: Path, nodes: int, steps: int, env: dict[str, str] | None =
                    'restart = { backoff_initial = "0.5s", backoff_max = "1s" }\n')
         out.append(write_config(root / "traind.toml", run="exp", output_dir=root / "out",
                                 state_dir=root / "state", extra=trainer,
-                                storage=f'type = "local"\npath = "{tmp_path / "store"}"'))
+                                storage=storage or
+                                f'type = "local"\npath = "{tmp_path / "store"}"'))
     return out
 
 
@@ -81,7 +92,7 @@ def wait_event(daemon: DaemonProcess, name: str, **fields: object) -> Event:
 
 
 def test_a_rank_crashing_once_restarts_every_host_from_one_committed_step(
-    tmp_path: Path,
+    tmp_path: Path, store: tuple[str, StoreView],
 ) -> None:
     """Rank 1 crashes right after saving step 2, before its hosts can have found that
     checkpoint complete (a 3 s settle): both trainers are restarted only once each host
@@ -89,7 +100,7 @@ def test_a_rank_crashing_once_restarts_every_host_from_one_committed_step(
     weights, by one decision of round 2; the run then finishes and commits every step."""
     env = {"DCP_CRASH_RANK": "1", "DCP_CRASH_AT": "3",
            "DCP_CRASH_ONCE": str(tmp_path / "crashed")}
-    hosts = configs(tmp_path, 2, steps=4, env=env)
+    hosts = configs(tmp_path, 2, steps=4, env=env, storage=store[0])
     slow = {"TRAIND_CHECKPOINTS__SETTLE": "3s"}
     daemons = [start(cfg, rank, 2, slow) for rank, cfg in enumerate(hosts)]
     try:
@@ -100,21 +111,20 @@ def test_a_rank_crashing_once_restarts_every_host_from_one_committed_step(
     assert (tmp_path / "crashed").exists()
     assert [resumed(d) for d in daemons] == [[2], [2]]
     assert [agreed(d) for d in daemons] == [[(1, None), (2, "checkpoint-2")]] * 2
-    store = tmp_path / "store" / "exp"
     for step in range(1, 5):
-        assert (store / f"checkpoint-{step}" / MANIFEST_NAME).is_file()
+        assert store[1].read(f"checkpoint-{step}", MANIFEST_NAME) is not None
     for daemon in daemons:
         assert not daemon.named("checkpoint_parts_disagree")
         assert not daemon.named("checkpoint_rewritten")
 
 
 def test_wiped_hosts_restore_the_whole_checkpoint_and_resume_from_one_step(
-    tmp_path: Path,
+    tmp_path: Path, store: tuple[str, StoreView],
 ) -> None:
     """Both hosts' output_dir and state_dir wiped after a run: each host fetches the whole
     union of the newest committed checkpoint (other hosts' files and .metadata too), never
     stores it again as a save of its own, and both trainers resume from it."""
-    hosts = configs(tmp_path, 2, steps=2)
+    hosts = configs(tmp_path, 2, steps=2, storage=store[0])
     daemons = [start(cfg, rank, 2) for rank, cfg in enumerate(hosts)]
     try:
         assert [finished(d) for d in daemons] == [0, 0]
@@ -123,7 +133,7 @@ def test_wiped_hosts_restore_the_whole_checkpoint_and_resume_from_one_step(
             daemon.kill()
     for rank in range(2):
         shutil.rmtree(tmp_path / f"node{rank}")
-    hosts = configs(tmp_path, 2, steps=3)
+    hosts = configs(tmp_path, 2, steps=3, storage=store[0])
     daemons = [start(cfg, rank, 2) for rank, cfg in enumerate(hosts)]
     try:
         assert [finished(d) for d in daemons] == [0, 0], [d.raw[-30:] for d in daemons]
@@ -132,7 +142,7 @@ def test_wiped_hosts_restore_the_whole_checkpoint_and_resume_from_one_step(
             daemon.kill()
     assert [resumed(d) for d in daemons] == [[2], [2]]
     union = sorted(f["path"] for f in json.loads(
-        (tmp_path / "store" / "exp" / "checkpoint-2" / MANIFEST_NAME).read_text())["files"])
+        store[1].read("checkpoint-2", MANIFEST_NAME) or b"{}")["files"])
     assert union == [".metadata", "__0_0.distcp", "__1_0.distcp", "config.json"]
     for rank in range(2):
         held = tmp_path / f"node{rank}" / "out" / "checkpoint-2"

@@ -23,11 +23,18 @@ import structlog
 
 from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError, IntegrityError, StorageError
-from traind.layout.keys import AGREEMENT_DIR, CLAIM_NAME, MANIFEST_NAME, check_relpath, check_tag
+from traind.layout.keys import (
+    AGREEMENT_DIR,
+    CLAIM_NAME,
+    MANIFEST_NAME,
+    check_relpath,
+    check_tag,
+)
 from traind.layout.manifest import Manifest, Writer, listed
 from traind.layout.parts import Part
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import Lease, check_committed
+from traind.storage.s3 import agreement as s3_agreement
 from traind.storage.s3 import claim as s3_claim
 from traind.storage.s3 import parts as s3_parts
 from traind.storage.s3.buffers import BufferPool, TokenBucket
@@ -171,6 +178,29 @@ class S3Backend:
     async def committed(self, tag: str) -> Manifest | None:
         return await self._read_manifest(await self._client(), check_tag(tag))
 
+    async def uncommitted(self) -> dict[str, list[Part]]:
+        return await s3_agreement.uncommitted(await self._client(), self._run_prefix,
+                                              MANIFEST_NAME, AGREEMENT_DIR)
+
+    @property
+    def _agreement(self) -> str:
+        return f"{self._run_prefix}{AGREEMENT_DIR}/"
+
+    async def request_start(self, rank: int, nonce: str) -> None:
+        await s3_agreement.request_start(await self._client(), self._agreement, rank, nonce)
+
+    async def withdraw_start(self, rank: int, nonce: str) -> None:
+        await s3_agreement.withdraw_start(await self._client(), self._agreement, rank, nonce)
+
+    async def start_requests(self) -> dict[int, str]:
+        return await s3_agreement.start_requests(await self._client(), self._agreement)
+
+    async def write_board(self, data: bytes) -> None:
+        await s3_agreement.write_board(await self._client(), self._agreement, data)
+
+    async def read_board(self) -> bytes | None:
+        return await s3_agreement.read_board(await self._client(), self._agreement)
+
     async def commit(self, manifest: Manifest) -> None:
         ops = await self._client()
         body = manifest.to_json()
@@ -187,19 +217,6 @@ class S3Backend:
                               lambda tag: self._read_manifest(ops, tag))
         return [m for m in found if m is not None]
 
-    async def uncommitted(self) -> dict[str, list[Part]]:
-        """Tags with parts stored but no manifest: the run's listing, a manifest read per
-        tag, and the parts of each tag without one."""
-        ops = await self._client()
-        tags = [t for t in await self._tags(ops) if t != AGREEMENT_DIR]
-        manifests = await fan_out(tags, self._config.concurrency,
-                                  lambda tag: self._read_manifest(ops, tag))
-        found = {}
-        for tag, manifest in zip(tags, manifests, strict=True):
-            if manifest is None and (parts := await self.parts(tag)):
-                found[tag] = parts
-        return found
-
     async def _tags(self, ops: Ops) -> list[str]:
         """The names of the "directories" directly under the run's prefix, sorted."""
         tags: list[str] = []
@@ -209,7 +226,9 @@ class S3Backend:
             page = await ops.call("list_objects_v2", Prefix=self._run_prefix, Delimiter="/",
                                   MaxKeys=LIST_PAGE, **extra)
             for common in page.get("CommonPrefixes", []):
-                tags.append(str(common["Prefix"])[len(self._run_prefix):].rstrip("/"))
+                if (tag := str(common["Prefix"])[len(self._run_prefix):].rstrip("/")) \
+                        != AGREEMENT_DIR:  # the resume agreement's, never a checkpoint
+                    tags.append(tag)
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return sorted(tags)

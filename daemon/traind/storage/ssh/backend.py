@@ -43,6 +43,7 @@ from traind.storage.claim import (
     check_lease,
     is_claim_file,
 )
+from traind.storage.ssh import agreement as ssh_agreement
 from traind.storage.ssh import parts as ssh_parts
 from traind.storage.ssh import rsync as ssh_rsync
 from traind.storage.ssh.errors import translate
@@ -266,24 +267,44 @@ class SSHBackend:
         return Manifest.from_json(data) if data is not None else None
 
     async def uncommitted(self) -> dict[str, list[Part]]:
-        """Tags with parts stored but no manifest: one listing of the run, then the parts of
-        each tag without a manifest."""
-        async def op(sftp: asyncssh.SFTPClient) -> dict[str, list[Part]]:
-            try:
-                entries = await sftp.readdir(self._root)
-            except asyncssh.SFTPNoSuchFile:
-                return {}
-            found = {}
-            dirs = (str(e.filename) for e in entries
-                    if e.attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY)
-            for name in sorted(n for n in dirs if n not in {".", "..", AGREEMENT_DIR}):
-                base = posixpath.join(self._root, name)
-                if await read_bytes(sftp, posixpath.join(base, MANIFEST_NAME)) is None and (
-                        parts := await ssh_parts.parts(sftp, base)):
-                    found[name] = parts
-            return found
+        """Every tag with part manifests and no manifest, with its parts (node 0's look for
+        checkpoints whose parts never all arrive)."""
+        return await self._link.call(f"list {self._root}", lambda sftp: ssh_agreement.uncommitted(
+            sftp, self._root, MANIFEST_NAME, AGREEMENT_DIR))
 
-        return await self._link.call(f"list {self._root}", op)
+    @property
+    def _agreement(self) -> str:
+        return posixpath.join(self._root, AGREEMENT_DIR)
+
+    async def request_start(self, rank: int, nonce: str) -> None:
+        """Store node ``rank``'s start request ``nonce``, replacing its last one."""
+        base = self._agreement
+        await self._link.call(f"request in {base}", lambda sftp: ssh_agreement.request_start(
+            sftp, base, rank, nonce))
+
+    async def withdraw_start(self, rank: int, nonce: str) -> None:
+        """Remove node ``rank``'s start request while it is still ``nonce``."""
+        base = self._agreement
+        await self._link.call(f"withdraw in {base}", lambda sftp: ssh_agreement.withdraw_start(
+            sftp, base, rank, nonce))
+
+    async def start_requests(self) -> dict[int, str]:
+        """Every node's start request, rank → nonce."""
+        base = self._agreement
+        return await self._link.call(f"list {base}",
+                                     lambda sftp: ssh_agreement.start_requests(sftp, base))
+
+    async def write_board(self, data: bytes) -> None:
+        """Replace the resume board, atomically."""
+        base = self._agreement
+        await self._link.call(f"write {base}",
+                              lambda sftp: ssh_agreement.write_board(sftp, base, data))
+
+    async def read_board(self) -> bytes | None:
+        """The resume board, None before node 0 wrote one."""
+        base = self._agreement
+        return await self._link.call(f"read {base}",
+                                     lambda sftp: ssh_agreement.read_board(sftp, base))
 
     async def commit(self, manifest: Manifest) -> None:
         """Create the manifest exclusively (written whole, then linked): now the checkpoint
@@ -311,7 +332,7 @@ class SSHBackend:
             except asyncssh.SFTPNoSuchFile:
                 return []
             paths = [posixpath.join(self._root, n, MANIFEST_NAME)
-                     for n in sorted(names) if n not in {".", ".."}]
+                     for n in sorted(names) if n not in {".", "..", AGREEMENT_DIR}]
             return list(zip(paths, await asyncio.gather(*(read_bytes(sftp, p) for p in paths)),
                             strict=True))
 
