@@ -94,8 +94,8 @@ class Daemon:
             parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
         )
         self.streamer.on_staged = self._staged
-        quiet = settings.checkpoints.settle + 2 * settings.checkpoints.poll_interval
-        self.joint = (JointResume(self.node, lambda: self.streamer.parts_settled, quiet,
+        self.joint = (JointResume(self.node, lambda: self.streamer.parts_settled,
+                                  self._hand_on_left,
                                   settings.run.state_dir / "resume-request.json")
                       if self.node.nodes > 1 and settings.trainer is not None else None)
         """With nodes > 1 and a trainer: the hosts' agreement on its resume point (a fresh
@@ -377,6 +377,12 @@ class Daemon:
         )
         if self.settings.trainer is not None and self.settings.trainer.exit_when_done:
             stop.set()
+
+    async def _hand_on_left(self) -> None:
+        """Before a trainer (re)start of a multi-node job: the watcher's last scan, so what
+        the stopped trainer saved is staged (and its part stored) before the hosts agree."""
+        if self.watcher is not None:
+            await self.watcher.final_scan(writer_gone=True)
 
     async def _stage(self, tag: str, step: int, source: Path) -> StageResult:
         result = await self.streamer.stage(tag, step, source)

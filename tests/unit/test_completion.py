@@ -149,3 +149,15 @@ def test_directory_names_that_are_no_tag_are_set_apart(tmp_path: Path) -> None:
     assert odd["checkpoint-x"] == "no step number at the end of 'checkpoint-x'"
     assert odd["checkpoint-201 copy 2"].startswith("unsafe tag")
     assert tag_problem("checkpoint-7") is None
+
+
+def test_at_stop_an_unmarked_host_takes_a_directory_holding_files() -> None:
+    """Past node 0 (``unmarked_settles``) the last scan after the writer is gone hands on a
+    directory by its files alone, as the running scans do after settle; an empty one, or
+    one while the writer may still be saving, is not."""
+    assert decide_at_stop(None, seen(marker=False), True, unmarked_settles=True) is Action.STAGE
+    assert decide_at_stop(Tracked(A, 1.0), seen(marker=False), True,
+                          unmarked_settles=True) is Action.COMPLETE
+    assert decide_at_stop(None, seen(marker=False), False,
+                          unmarked_settles=True) is Action.IGNORE
+    assert decide_at_stop(None, seen(marker=False), True) is Action.IGNORE

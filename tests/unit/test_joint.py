@@ -58,8 +58,12 @@ async def until(check: Callable[[], bool], within: float = 10.0) -> None:
             await asyncio.sleep(0.01)
 
 
+async def _no_scan() -> None:
+    """No watcher: nothing for a stopped trainer to have left."""
+
+
 def host(rank: int, nodes: int = 2) -> JointResume:
-    return JointResume(NodeRank(rank, nodes, "run.node_rank"), lambda: True, 0.0,
+    return JointResume(NodeRank(rank, nodes, "run.node_rank"), lambda: True, _no_scan,
                        poll=(0.01, 0.05))
 
 
@@ -173,7 +177,7 @@ async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
     answer, the next request is fresh."""
     ticket = tmp_path / "state1" / "resume-request.json"
     ticket.parent.mkdir()
-    slow = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, 0.0, ticket,
+    slow = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, _no_scan, ticket,
                        poll=(30.0, 30.0))
     waiting = asyncio.create_task(slow.agree(store))
     await until(lambda: slow.waiting is not None)  # asked, and read the board once
@@ -182,7 +186,7 @@ async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    again = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, 0.0, ticket,
+    again = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, _no_scan, ticket,
                         poll=(30.0, 30.0))
     async with asyncio.timeout(10):
         nothing = cast(Journal, None)  # not read: there is no checkpoint to resume from

@@ -76,7 +76,7 @@ def decide(tracked: Tracked | None, seen: Observation | None, now: float, settle
     holding a file needs no marker to be staged and settle."""
     if seen is None:
         return Action.COMPLETE if tracked is not None else Action.IGNORE
-    if not seen.marked and not (unmarked_settles and seen.signature):
+    if not marked(seen, unmarked_settles):
         return Action.WAIT
     if tracked is None or seen.signature != tracked.signature:
         return Action.STAGE
@@ -85,13 +85,20 @@ def decide(tracked: Tracked | None, seen: Observation | None, now: float, settle
     return Action.WAIT
 
 
-def decide_at_stop(tracked: Tracked | None, seen: Observation | None, writer_gone: bool) -> Action:
+def marked(seen: Observation, unmarked_settles: bool = False) -> bool:
+    """Whether ``seen`` counts as marked: it holds a marker, or (``unmarked_settles``) any
+    file at all."""
+    return seen.marked or (unmarked_settles and bool(seen.signature))
+
+
+def decide_at_stop(tracked: Tracked | None, seen: Observation | None, writer_gone: bool,
+                   unmarked_settles: bool = False) -> Action:
     """Decide for one directory in the last scan before shutdown: with the writer gone every
-    marked directory is complete (snapshot first if this one is not, or has changed);
-    otherwise only traind's explicit marker says so."""
+    marked directory (see ``marked``) is complete (snapshot first if this one is not, or
+    has changed); otherwise only traind's explicit marker says so."""
     if seen is None:
         return Action.COMPLETE if tracked is not None else Action.IGNORE
-    if not seen.marked or not (writer_gone or seen.explicit):
+    if not marked(seen, unmarked_settles) or not (writer_gone or seen.explicit):
         return Action.IGNORE
     if tracked is None or seen.signature != tracked.signature:
         return Action.STAGE

@@ -57,8 +57,9 @@ class JointResume:
     """Agrees with the other hosts on the checkpoint every trainer resumes from, and makes
     it whole in ``output_dir`` before this host's trainer starts."""
 
-    def __init__(self, node: NodeRank, settled: Callable[[], bool], quiet: float,
-                 ticket: Path | None = None, poll: tuple[float, float] = POLL) -> None:
+    def __init__(self, node: NodeRank, settled: Callable[[], bool],
+                 scan: Callable[[], Awaitable[object]], ticket: Path | None = None,
+                 poll: tuple[float, float] = POLL) -> None:
         self._node = node
         self._ticket = ticket
         """Where this host keeps its last request's nonce and whether a trainer start used
@@ -66,8 +67,9 @@ class JointResume:
         so a decision node 0 made for it meanwhile is this host's too."""
         self._settled = settled
         """Whether this host's streamer has stored its part of every complete checkpoint."""
-        self._quiet = quiet
-        """Seconds for the watcher to find a checkpoint the stopped trainer just saved."""
+        self._scan = scan
+        """Hands on every checkpoint the trainer, stopped or not yet started, left complete
+        (the watcher's last scan), without waiting for ``settle``."""
         self._poll = poll
         self._board: Board | None = None
         """Node 0's last board, as written (read from the store on its first poll)."""
@@ -105,9 +107,10 @@ class JointResume:
         return path
 
     async def _settle(self) -> None:
-        """Give the watcher ``quiet`` seconds, then wait (at most SETTLE_LIMIT) until every
-        checkpoint this host still has to commit has its part stored."""
-        await asyncio.sleep(self._quiet)
+        """Hand on what the trainer left complete (``scan``), then wait (at most
+        SETTLE_LIMIT) until every checkpoint this host still has to commit has its part
+        stored."""
+        await self._scan()
         deadline = time.monotonic() + SETTLE_LIMIT
         n = 0
         while not self._settled():

@@ -19,7 +19,14 @@ from pathlib import Path
 import structlog
 from watchfiles._rust_notify import RustNotify
 
-from traind.checkpoints.completion import Action, Observation, Tracked, decide, decide_at_stop
+from traind.checkpoints.completion import (
+    Action,
+    Observation,
+    Tracked,
+    decide,
+    decide_at_stop,
+    marked,
+)
 from traind.checkpoints.snapshot import observe
 from traind.config import CheckpointsConfig
 from traind.errors import UnsafePathError
@@ -156,7 +163,8 @@ class Watcher:
             if tag in self._done:
                 continue
             seen = await asyncio.to_thread(observe, self._dir / tag, self._config.markers)
-            action = decide_at_stop(self._tracked.get(tag), seen, writer_gone)
+            action = decide_at_stop(self._tracked.get(tag), seen, writer_gone,
+                                    self._unmarked_settles)
             if action is Action.STAGE and seen is not None:
                 result = await self._on_stage(tag, step, self._dir / tag)
                 if result is StageResult.GONE:
@@ -166,7 +174,7 @@ class Watcher:
                 self._tracked.pop(tag, None)
                 self._done.add(tag)
                 await self._on_complete(tag, step)
-            elif seen is not None and seen.marked:
+            elif seen is not None and marked(seen, self._unmarked_settles):
                 left.append(tag)
             elif seen is not None:
                 log.warning("checkpoint_incomplete_at_stop", tag=tag, step=step,

@@ -193,3 +193,23 @@ def test_late_host_is_waited_for_and_every_host_starts_from_one_point(
     for rank in range(nodes):
         held = tmp_path / f"node{rank}" / "out" / "checkpoint-2"
         assert sorted(p.name for p in held.iterdir()) == [".metadata", *data, "config.json"]
+
+
+def test_a_finished_trainers_last_saves_are_committed_on_unmarked_hosts(tmp_path: Path) -> None:
+    """With the default markers node 1 of a DCP job never sees a marker, and with a settle
+    of an hour nothing completes while the trainers run: once they exit 0, the last scan on
+    every host hands on each save (node 1's by its files alone), every checkpoint is
+    committed and both daemons exit by themselves."""
+    hosts = configs(tmp_path, 2, steps=2)
+    env = {"TRAIND_CHECKPOINTS__MARKERS": json.dumps(["trainer_state.json", ".metadata"]),
+           "TRAIND_CHECKPOINTS__SETTLE": "1h"}
+    daemons = [start(cfg, rank, 2, env) for rank, cfg in enumerate(hosts)]
+    try:
+        assert [finished(d) for d in daemons] == [0, 0], [d.raw[-30:] for d in daemons]
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+    for tag in ("checkpoint-1", "checkpoint-2"):
+        manifest = json.loads((tmp_path / "store/exp" / tag / MANIFEST_NAME).read_text())
+        assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {
+            f["path"] for f in manifest["files"]}
