@@ -15,6 +15,7 @@ import pytest
 from tests.integration.s3.conftest import MIB, RecordingSession, make_checkpoint
 from tests.integration.s3.test_s3_backend import manifest_of
 
+from traind import __version__
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
 from traind.layout.manifest import FileEntry, Manifest
@@ -37,6 +38,7 @@ class Store:
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
+        self.put_headers: list[dict[str, str]] = []
         self.continues = 0
         self.chunked_gets = 0
         self.errors = 0
@@ -72,6 +74,7 @@ class Store:
 
     async def _put(self, path: str, headers: dict[str, str], reader: asyncio.StreamReader,
                    writer: asyncio.StreamWriter) -> None:
+        self.put_headers.append(headers)
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         await writer.drain()
         self.continues += 1
@@ -120,8 +123,8 @@ def config(endpoint: str, **overrides: object) -> S3Storage:
 async def test_an_interim_100_continue_is_not_the_answer(
     backends: Make, tmp_path: Path
 ) -> None:
-    """A ``100 Continue`` before the final response, asked for (a body over 1 MiB) or not,
-    is passed over: the objects are stored whole and the upload succeeds."""
+    """A ``100 Continue`` before the final response, though not asked for, is passed over:
+    the objects are stored whole and the upload succeeds."""
     root = tmp_path / "checkpoint-1"
     files = make_checkpoint(root, {"config.json": 3000, "model.bin": 2 * MIB + 7})
     session = RecordingSession()
@@ -133,6 +136,23 @@ async def test_an_interim_100_continue_is_not_the_answer(
         data = (root / f.path).read_bytes()
         assert store.objects[PREFIX + f.path] == data
         assert session.done[f.path] == hashlib.sha256(data).hexdigest()
+
+
+async def test_puts_ask_for_no_100_continue_and_name_traind(
+    backends: Make, tmp_path: Path
+) -> None:
+    """PUTs go without ``Expect: 100-continue`` (no wait for the store before each body)
+    and with traind's User-Agent."""
+    root = tmp_path / "checkpoint-1"
+    files = make_checkpoint(root, {"config.json": 3000, "model.bin": 2 * MIB + 7})
+    async with Store().running() as store:
+        async with asyncio.timeout(30):
+            await backends(config(store.endpoint)).upload(
+                "checkpoint-1", root, files, RecordingSession())
+    assert len(store.put_headers) == 2
+    for headers in store.put_headers:
+        assert "expect" not in headers
+        assert headers["user-agent"].startswith(f"traind/{__version__} aiobotocore/")
 
 
 async def test_a_chunked_ranged_get_is_received_whole(
