@@ -39,6 +39,9 @@ class Store:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
         self.put_headers: list[dict[str, str]] = []
+        self.hold = 0
+        """PUTs are answered only once this many have arrived (0: at once)."""
+        self._held = asyncio.Event()
         self.continues = 0
         self.chunked_gets = 0
         self.errors = 0
@@ -80,6 +83,9 @@ class Store:
         self.continues += 1
         body = await reader.readexactly(int(headers["content-length"]))
         self.objects[path] = body
+        if len(self.objects) >= self.hold:
+            self._held.set()
+        await self._held.wait()
         etag = hashlib.md5(body, usedforsecurity=False).hexdigest()
         writer.write(f'HTTP/1.1 200 OK\r\nETag: "{etag}"\r\nContent-Length: 0\r\n\r\n'.encode())
 
@@ -153,6 +159,20 @@ async def test_puts_ask_for_no_100_continue_and_name_traind(
     for headers in store.put_headers:
         assert "expect" not in headers
         assert headers["user-agent"].startswith(f"traind/{__version__} aiobotocore/")
+
+
+async def test_small_files_go_several_per_slot(backends: Make, tmp_path: Path) -> None:
+    """Files sent in one PUT are in flight several per ``concurrency`` slot: with one slot,
+    four small files are all at the store before it answers any."""
+    root = tmp_path / "checkpoint-1"
+    files = make_checkpoint(root, {f"rank{i}.distcp": 3000 + i for i in range(4)})
+    store = Store()
+    store.hold = 4
+    async with store.running():
+        async with asyncio.timeout(30):
+            await backends(config(store.endpoint, concurrency=1, retries=0)).upload(
+                "checkpoint-1", root, files, RecordingSession())
+    assert len(store.objects) == 4
 
 
 async def test_a_chunked_ranged_get_is_received_whole(

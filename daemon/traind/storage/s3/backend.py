@@ -32,7 +32,7 @@ from traind.storage.claim import Lease, check_committed
 from traind.storage.s3 import claim as s3_claim
 from traind.storage.s3 import parts as s3_parts
 from traind.storage.s3.buffers import BufferPool, TokenBucket
-from traind.storage.s3.client import Ops, open_client, target_of
+from traind.storage.s3.client import SMALL_FILES_PER_SLOT, Ops, open_client, target_of
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
 from traind.storage.s3.errors import RetryPolicy
 from traind.storage.s3.upload import Uploader, upload_id_of
@@ -85,13 +85,16 @@ class S3Backend:
             crc=cfg.request_checksum_calculation == "when_supported",
         )
 
-        # Bounds files being sent (each holds an open multipart upload); parts are bounded
-        # by the buffer pool, shared by all files. A sent file's journal record is awaited
-        # outside its slot: the next file is sent while records share one transaction.
+        # Bounds files being sent (each multipart one holds an open upload; small files,
+        # one request each, more at once); bytes are bounded by the buffer pool, shared by
+        # all files. A sent file's journal record is awaited outside its slot: the next
+        # file is sent while records share one transaction.
         sending = Slots(cfg.concurrency)
+        sending_small = Slots(cfg.concurrency * SMALL_FILES_PER_SLOT)
 
         async def one(f: LocalFile) -> None:
-            sha = await sending.run(functools.partial(
+            slots = sending_small if f.size <= cfg.part_size else sending
+            sha = await slots.run(functools.partial(
                 uploader.file, self._key(tag, f.path), root / f.path, f.path, f.size, session))
             await session.file_done(f.path, sha)
 

@@ -29,6 +29,10 @@ from traind.storage.s3.errors import RetryPolicy, Target, describe, retrying
 
 _MIN_SEND_RATE = 256 * 1024
 """Bytes/s below which one request attempt is abandoned as hung (and retried)."""
+SMALL_FILES_PER_SLOT = 4
+"""Files sent in one PUT go this many per ``concurrency`` slot: each is one short request,
+so its time is mostly waiting for the store's answer, and more of them in flight keep the
+connections busy (their bytes stay within ``upload_memory``)."""
 
 
 def target_of(config: S3Storage) -> Target:
@@ -62,7 +66,7 @@ async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, targe
         signature_version="s3v4",
         s3={"addressing_style": config.addressing_style, "payload_signing_enabled": False},
         retries={"total_max_attempts": 1, "mode": "standard"},
-        max_pool_connections=config.concurrency + 4,
+        max_pool_connections=config.concurrency * SMALL_FILES_PER_SLOT + 4,
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
         request_checksum_calculation=config.request_checksum_calculation,
