@@ -29,7 +29,7 @@ from traind.storage.s3.errors import RetryPolicy, Target, describe, retrying
 
 _MIN_SEND_RATE = 256 * 1024
 """Bytes/s below which one request attempt is abandoned as hung (and retried)."""
-SMALL_FILES_PER_SLOT = 4
+SMALL_FILES_PER_SLOT = 16
 """Files sent in one PUT go this many per ``concurrency`` slot: each is one short request,
 so its time is mostly waiting for the store's answer, and more of them in flight keep the
 connections busy (their bytes stay within ``upload_memory``)."""
