@@ -3,8 +3,9 @@
 Writes a checkpoint of ``--files`` files of ``--file-size`` each (default 5,001 of 64 KiB),
 starts SeaweedFS on loopback and uploads it, in alternating rounds, with ``traind push`` (the
 CLI, a fresh state_dir and bucket each run) and with ``s5cmd cp`` (else ``aws s3 cp
---recursive``); with ``--compare DIR`` also with another checkout's ``daemon/`` (say the
-last commit before a change), and with ``--setting`` also with other ``[storage]`` lines.
+--recursive``); with ``--compare DIR`` (repeatable) also with other checkouts' ``daemon/``
+(say the last commit before a change), and with ``--setting`` also with other ``[storage]``
+lines.
 Rows are whole command runs, start-up included; traind's transfer alone (its
 ``checkpoint_committed`` event) is shown beside it. Rates are medians of ``--repeat`` runs,
 each round starting with another tool.
@@ -95,7 +96,8 @@ def main() -> None:
     parser.add_argument("--file-size", default="64KiB", help="size of each file")
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool; medians count")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a new temp dir")
-    parser.add_argument("--compare", type=Path, help="also push with another checkout's daemon/")
+    parser.add_argument("--compare", type=Path, action="append", default=[],
+                        help="also push with another checkout's daemon/ (repeatable)")
     parser.add_argument("--setting", action="append", default=[],
                         help="also push with these [storage] lines, comma-separated")
     args = parser.parse_args()
@@ -117,7 +119,7 @@ def main() -> None:
 
 
 def run(
-    server: SeaweedS3, src: Path, work: Path, repeat: int, compare: Path | None,
+    server: SeaweedS3, src: Path, work: Path, repeat: int, compare: list[Path],
     settings: list[str],
 ) -> list[tuple[str, list[float], list[float]]]:
     """Run each tool ``repeat`` times, each round starting one tool later, each run into
@@ -125,8 +127,8 @@ def run(
     codes: dict[str, tuple[Path, str]] = {"traind push": (ROOT / "daemon", "")}
     for setting in settings:
         codes[f"traind push, {setting}"] = (ROOT / "daemon", setting)
-    if compare is not None:
-        codes[f"traind push ({compare})"] = (compare, "")
+    for other in compare:
+        codes[f"traind push ({other})"] = (other, "")
     found = peer(server, src, "x")
     tools = [*codes, *([found[0]] if found else [])]
     walls: dict[str, list[float]] = {tool: [] for tool in tools}

@@ -258,6 +258,28 @@ async def test_slow_resume_saves_do_not_queue_one_per_part(
     assert session.advanced == 16 * 5 * MIB
 
 
+class HeldRecords(RecordingSession):
+    """A session whose journal records are written only once every byte has been sent."""
+
+    async def file_done(self, path: str, sha256: str) -> None:
+        await self.progress.reached.wait()
+        await super().file_done(path, sha256)
+
+
+async def test_journal_records_do_not_hold_sending_slots(
+    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+) -> None:
+    """A file waiting for its journal record no longer holds its sending slot: with one
+    slot, the next files are sent while the first file's record is still unwritten."""
+    root = tmp_path / "checkpoint-4"
+    files = make_checkpoint(root, {f"rank{i}.distcp": 3000 + i for i in range(4)})
+    backend = backends(s3_config(s3_server, bucket, concurrency=1))
+    session = HeldRecords(threshold=sum(f.size for f in files))
+    async with asyncio.timeout(30):
+        await backend.upload("checkpoint-4", root, files, session)
+    assert sorted(session.done) == sorted(f.path for f in files)
+
+
 def is_open(fd: int) -> bool:
     try:
         os.fstat(fd)

@@ -16,6 +16,7 @@ from tests.integration.s3.conftest import MIB, RecordingSession, make_checkpoint
 from tests.integration.s3.test_s3_backend import manifest_of
 from tests.support.net import serving
 
+from traind import __version__
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
 from traind.layout.manifest import FileEntry, Manifest
@@ -38,6 +39,10 @@ class Store:
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
+        self.put_headers: list[dict[str, str]] = []
+        self.hold = 0
+        """PUTs are answered only once this many have arrived (0: at once)."""
+        self._held = asyncio.Event()
         self.continues = 0
         self.chunked_gets = 0
         self.errors = 0
@@ -68,11 +73,15 @@ class Store:
 
     async def _put(self, path: str, headers: dict[str, str], reader: asyncio.StreamReader,
                    writer: asyncio.StreamWriter) -> None:
+        self.put_headers.append(headers)
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         await writer.drain()
         self.continues += 1
         body = await reader.readexactly(int(headers["content-length"]))
         self.objects[path] = body
+        if len(self.objects) >= self.hold:
+            self._held.set()
+        await self._held.wait()
         etag = hashlib.md5(body, usedforsecurity=False).hexdigest()
         writer.write(f'HTTP/1.1 200 OK\r\nETag: "{etag}"\r\nContent-Length: 0\r\n\r\n'.encode())
 
@@ -116,8 +125,8 @@ def config(endpoint: str, **overrides: object) -> S3Storage:
 async def test_an_interim_100_continue_is_not_the_answer(
     backends: Make, tmp_path: Path
 ) -> None:
-    """A ``100 Continue`` before the final response, asked for (a body over 1 MiB) or not,
-    is passed over: the objects are stored whole and the upload succeeds."""
+    """A ``100 Continue`` before the final response, though not asked for, is passed over:
+    the objects are stored whole and the upload succeeds."""
     root = tmp_path / "checkpoint-1"
     files = make_checkpoint(root, {"config.json": 3000, "model.bin": 2 * MIB + 7})
     session = RecordingSession()
@@ -129,6 +138,37 @@ async def test_an_interim_100_continue_is_not_the_answer(
         data = (root / f.path).read_bytes()
         assert store.objects[PREFIX + f.path] == data
         assert session.done[f.path] == hashlib.sha256(data).hexdigest()
+
+
+async def test_puts_ask_for_no_100_continue_and_name_traind(
+    backends: Make, tmp_path: Path
+) -> None:
+    """PUTs go without ``Expect: 100-continue`` (no wait for the store before each body)
+    and with traind's User-Agent."""
+    root = tmp_path / "checkpoint-1"
+    files = make_checkpoint(root, {"config.json": 3000, "model.bin": 2 * MIB + 7})
+    async with Store().running() as store:
+        async with asyncio.timeout(30):
+            await backends(config(store.endpoint)).upload(
+                "checkpoint-1", root, files, RecordingSession())
+    assert len(store.put_headers) == 2
+    for headers in store.put_headers:
+        assert "expect" not in headers
+        assert headers["user-agent"].startswith(f"traind/{__version__} aiobotocore/")
+
+
+async def test_small_files_go_several_per_slot(backends: Make, tmp_path: Path) -> None:
+    """Files sent in one PUT are in flight several per ``concurrency`` slot: with one slot,
+    four small files are all at the store before it answers any."""
+    root = tmp_path / "checkpoint-1"
+    files = make_checkpoint(root, {f"rank{i}.distcp": 3000 + i for i in range(4)})
+    store = Store()
+    store.hold = 4
+    async with store.running():
+        async with asyncio.timeout(30):
+            await backends(config(store.endpoint, concurrency=1, retries=0)).upload(
+                "checkpoint-1", root, files, RecordingSession())
+    assert len(store.objects) == 4
 
 
 async def test_a_chunked_ranged_get_is_received_whole(

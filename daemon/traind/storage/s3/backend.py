@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -38,11 +39,11 @@ from traind.storage.s3 import agreement as s3_agreement
 from traind.storage.s3 import claim as s3_claim
 from traind.storage.s3 import parts as s3_parts
 from traind.storage.s3.buffers import BufferPool, TokenBucket
-from traind.storage.s3.client import Ops, open_client, target_of
+from traind.storage.s3.client import SMALL_FILES_PER_SLOT, Ops, open_client, target_of
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
 from traind.storage.s3.errors import RetryPolicy
 from traind.storage.s3.upload import Uploader, upload_id_of
-from traind.storage.tasks import fan_out, task_group
+from traind.storage.tasks import Slots, fan_out, task_group
 
 log = structlog.get_logger("traind.s3")
 DELETE_BATCH = 1000
@@ -91,14 +92,22 @@ class S3Backend:
             crc=cfg.request_checksum_calculation == "when_supported",
         )
 
+        # Bounds files being sent (each multipart one holds an open upload; small files,
+        # one request each, more at once); bytes are bounded by the buffer pool, shared by
+        # all files. A sent file's journal record is awaited outside its slot: the next
+        # file is sent while records share one transaction.
+        sending = Slots(cfg.concurrency)
+        sending_small = Slots(cfg.concurrency * SMALL_FILES_PER_SLOT)
+
         async def one(f: LocalFile) -> None:
-            sha = await uploader.file(self._key(tag, f.path), root / f.path, f.path, f.size,
-                                      session)
+            slots = sending_small if f.size <= cfg.part_size else sending
+            sha = await slots.run(functools.partial(
+                uploader.file, self._key(tag, f.path), root / f.path, f.path, f.size, session))
             await session.file_done(f.path, sha)
 
-        # Bounds files in flight (each holds an open multipart upload); parts are bounded
-        # by the buffer pool, shared by all files.
-        await fan_out(files, cfg.concurrency, one)
+        async with task_group() as tg:
+            for f in files:
+                tg.create_task(one(f))
 
     async def _honours_conditional(self, ops: Ops) -> bool:
         if self._conditional is None:

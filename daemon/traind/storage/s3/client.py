@@ -3,6 +3,9 @@
 Botocore's own retries are switched off so that every retry goes through one policy and
 one log event; request payloads are not SHA-256 signed (``UNSIGNED-PAYLOAD``), the part's
 CRC32 — computed while reading, off the event loop — guards the bytes in transit instead.
+Bodies go without ``Expect: 100-continue`` (a round trip per request, before the body, that
+only spares sending a body the store refuses), under a fixed User-Agent that botocore does
+not rebuild per request.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Any
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 from botocore import exceptions as bce
+from botocore.handlers import add_expect_header
 
+from traind import __version__
 from traind.config import S3Storage
 from traind.errors import StorageError
 from traind.storage.s3.buffers import PartBody
@@ -24,6 +29,10 @@ from traind.storage.s3.errors import RetryPolicy, Target, describe, retrying
 
 _MIN_SEND_RATE = 256 * 1024
 """Bytes/s below which one request attempt is abandoned as hung (and retried)."""
+SMALL_FILES_PER_SLOT = 16
+"""Files sent in one PUT go this many per ``concurrency`` slot: each is one short request,
+so its time is mostly waiting for the store's answer, and more of them in flight keep the
+connections busy (their bytes stay within ``upload_memory``)."""
 
 
 def target_of(config: S3Storage) -> Target:
@@ -51,26 +60,28 @@ async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, targe
         if config.session_token is not None:
             keys["aws_session_token"] = config.session_token.get_secret_value()
     region = config.region or ("us-east-1" if config.endpoint_url else None)
+    session = AioSession(profile=config.profile)
     aio_config = AioConfig(
         region_name=region,
         signature_version="s3v4",
         s3={"addressing_style": config.addressing_style, "payload_signing_enabled": False},
         retries={"total_max_attempts": 1, "mode": "standard"},
-        max_pool_connections=config.concurrency + 4,
+        max_pool_connections=config.concurrency * SMALL_FILES_PER_SLOT + 4,
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
         request_checksum_calculation=config.request_checksum_calculation,
         response_checksum_validation="when_required",
         tcp_keepalive=True,
+        user_agent=f"traind/{__version__} {session.user_agent()}",
     )
     try:
-        session = AioSession(profile=config.profile)
         manager = session.create_client(
             "s3", endpoint_url=config.endpoint_url, config=aio_config, **keys
         )
         client = await stack.enter_async_context(manager)
     except (bce.BotoCoreError, ValueError) as exc:
         raise StorageError(describe(exc, "create_client", None, target)) from exc
+    client.meta.events.unregister("before-call.s3", add_expect_header)
     # The client's service model is a large tree of objects that lives as long as the
     # process: frozen, it is left out of every later collection, which otherwise rescans
     # it as transfers allocate (measured ~4% of a restore's CPU).
