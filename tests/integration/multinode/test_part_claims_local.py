@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+from tests.integration.multinode.test_part_stores import staged_host
 from tests.support.sessions import RecordingSession
 
 from traind.checkpoints.identity import RunIdentity
@@ -28,20 +29,6 @@ TAG = "checkpoint-4"
 
 def store(tmp_path: Path) -> LocalBackend:
     return LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
-
-
-async def staged_host(tmp_path: Path, rank: int, backend: LocalBackend
-                      ) -> tuple[Streamer, Journal]:
-    """Host ``rank`` of a two-node job with its own part of TAG (one DCP file) staged."""
-    src = tmp_path / f"out{rank}" / TAG
-    src.mkdir(parents=True)
-    (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
-    journal = Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
-                      RunIdentity("run", src.parent, backend.describe))
-    streamer = Streamer("run", tmp_path / f"state{rank}", backend, journal,
-                        node=NodeRank(rank, 2, "test"))
-    assert await streamer.stage(TAG, 4, src) is StageResult.STAGED
-    return streamer, journal
 
 
 async def test_each_rank_claims_its_own_part(tmp_path: Path) -> None:
