@@ -253,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     result = trainer.train(resume_from_checkpoint=resume)
     seconds = time.monotonic() - started
     print(f"train_end global_step={result.global_step} seconds={seconds:.2f}", flush=True)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # Under torchrun, gloo's threads torn down at interpreter exit abort the process now
+        # and then ("terminate called without an active exception"), and destroying the
+        # group first can hang: the run is over and saved, so leave at once.
+        sys.stdout.flush()
+        os._exit(0)
     return 0
 
 
