@@ -37,9 +37,9 @@ _STEP = re.compile(r"(\d+)$")
 # A trainer with save_total_limit may delete a checkpoint two saves after writing it, on a
 # small model ~20-50 ms after its marker: while changes keep coming, react within
 # milliseconds. The first change after a quiet spell (a save starting) is seen within two
-# cold steps, long before the save's marker is written.
+# cold steps (tens of milliseconds), long before the save's marker is written.
 _HOT_STEP_MS = 1
-_COLD_STEP_MS = 50
+_COLD_STEP_MS = 15
 _DEBOUNCE_MS = 10
 
 
