@@ -1,8 +1,8 @@
 """The watcher: finds complete checkpoint directories in the trainer's output_dir.
 
-Wake-ups come from inotify (through watchfiles) or, with ``force_polling`` (NFS), from
-polling; either way a scan runs at least every ``poll_interval`` so the settle timer
-advances. Everything already on disk at start-up is picked up by the first scan.
+Wake-ups come from inotify (``changes.py``); a scan also runs every ``poll_interval`` so
+the settle timer advances, and with ``force_polling`` (NFS) those scans alone find
+checkpoints. Everything already on disk at start-up is picked up by the first scan.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import re
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from enum import Enum
 from pathlib import Path
 
 import structlog
-from watchfiles._rust_notify import RustNotify
 
+from traind.checkpoints.changes import Changes
 from traind.checkpoints.completion import (
     Action,
     Observation,
@@ -34,13 +33,6 @@ from traind.layout.keys import check_tag
 
 log = structlog.get_logger("traind.watcher")
 _STEP = re.compile(r"(\d+)$")
-# A trainer with save_total_limit may delete a checkpoint two saves after writing it, on a
-# small model ~20-50 ms after its marker: while changes keep coming, react within
-# milliseconds. The first change after a quiet spell (a save starting) is seen within two
-# cold steps (tens of milliseconds), long before the save's marker is written.
-_HOT_STEP_MS = 1
-_COLD_STEP_MS = 15
-_DEBOUNCE_MS = 10
 
 
 class StageResult(Enum):
@@ -215,38 +207,13 @@ class Watcher:
             self._done.add(tag)
             await self._on_complete(tag, step)
 
-    async def _wakeups(self, stop: asyncio.Event) -> AsyncIterator[object]:
-        """The start-up scan, then each batch of changes under output_dir, and a timeout
-        every ``poll_interval`` so the settle timer advances.
-
-        watchfiles' waiting thread looks for changes every ``step_ms`` whether or not any
-        came, so the step is what idling costs: ``_HOT_STEP_MS`` while changes keep
-        coming, ``_COLD_STEP_MS`` once a whole ``poll_interval`` passed without any.
-        """
+    async def _wakeups(self, stop: asyncio.Event) -> AsyncIterator[None]:
+        """The start-up scan, then one after each burst of changes under output_dir, and
+        one every ``poll_interval`` so the settle timer advances."""
         yield None  # the start-up scan
-        interval_ms = max(50, int(self._config.poll_interval * 1000))
-        halt = threading.Event()
-        stopped = _Either(stop, halt)
-        step = _COLD_STEP_MS
-        with RustNotify([str(self._dir)], False, self._config.force_polling, interval_ms,
-                        True, False) as notify:
-            try:
-                while True:
-                    changes = await asyncio.to_thread(
-                        notify.watch, _DEBOUNCE_MS, step, interval_ms, stopped)
-                    if changes == "stop":
-                        return
-                    step = _COLD_STEP_MS if changes == "timeout" else _HOT_STEP_MS
-                    yield changes
-            finally:
-                halt.set()  # a cancelled wait leaves its thread running: end it within a step
-
-
-class _Either:
-    """Set when either event is: what watchfiles' thread polls to know it is to stop."""
-
-    def __init__(self, first: asyncio.Event, second: threading.Event) -> None:
-        self._events = (first, second)
-
-    def is_set(self) -> bool:
-        return any(event.is_set() for event in self._events)
+        with Changes.open(self._dir, self._config.pattern, self._config.force_polling) as changes:
+            while True:
+                await changes.wait(stop, self._config.poll_interval)
+                if stop.is_set():
+                    return
+                yield None
