@@ -186,7 +186,8 @@ def test_at_the_watch_limit_timed_scans_carry_on(
     with capture_logs() as logs:
         watching(config, tmp_path, test)
     limits = [e for e in logs if e["event"] == "checkpoint_watch_limit"]
-    assert len(limits) == 1 and "max_user_watches" in limits[0]["hint"]
+    assert len(limits) == 1
+    assert "max_user_watches" in limits[0]["hint"]
 
 
 def test_force_polling_still_finds_new_checkpoints(tmp_path: Path) -> None:
