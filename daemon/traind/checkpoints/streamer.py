@@ -104,6 +104,7 @@ class Streamer:
         self._newest_first = False
         self.claim_ttl = claim_ttl
         """After how long without renewal another writer's uncommitted claim is stale."""
+        self._renewing = asyncio.Lock()
         self.held: dict[str, Lease] = {}
         """Tags waiting on another writer's claim (its upload uncommitted), with the claim."""
 
@@ -480,7 +481,7 @@ class Streamer:
         async def renew() -> None:
             while True:
                 await asyncio.sleep(self.claim_ttl / 4)
-                await self.storage.renew(tag, ours)
+                await self._renew(tag, ours)
 
         async with task_group() as tg:
             renewing = tg.create_task(renew(), name=f"renew-{tag}")
@@ -501,7 +502,7 @@ class Streamer:
         taken = await self._claim(tag, ours)  # before any byte: never over another's objects
         async with self._leased(tag, ours):
             manifest, progress = await self._upload(tag, entry.step, ours, progress, taken)
-            await self.storage.renew(tag, ours)  # still ours: else ConflictError, it lost
+            await self._renew(tag, ours)  # still ours: else ConflictError, it lost
             await self.storage.commit(manifest)
         return await self._finish(tag, entry.step, manifest, progress, started)
 
@@ -544,6 +545,12 @@ class Streamer:
             await self._on_commit(manifest)
         return manifest
 
+    async def _renew(self, tag: str, ours: Writer) -> None:
+        """Renew ``ours`` claim on ``tag``, one renewal at a time: two at once would race
+        each other's compare-and-swap of the claim (and its write on a local store)."""
+        async with self._renewing:
+            await self.storage.renew(tag, ours)
+
     def _still_ours(self, tag: str, ours: Writer) -> Callable[[], Awaitable[None]]:
         """The check between files that the claim on ``tag`` is still ``ours`` (a renewal,
         at most one every CLAIM_CHECK_EVERY seconds however many files finish, and never two
@@ -556,7 +563,7 @@ class Streamer:
             if not renewing and time.monotonic() - last >= CLAIM_CHECK_EVERY:
                 renewing = True
                 try:
-                    await self.storage.renew(tag, ours)  # ConflictError: lost, stop sending
+                    await self._renew(tag, ours)  # ConflictError: lost, stop sending
                 finally:
                     renewing, last = False, time.monotonic()
 

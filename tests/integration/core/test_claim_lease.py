@@ -50,7 +50,7 @@ async def test_a_dead_writers_claim_is_taken_over_once_stale(
     journal 'ready') while the claim is fresh, then takes it over (error-level
     checkpoint_claim_taken_over) and commits its own bytes; no object of the dead one is left."""
     dead = await dead_writer(tmp_path, store)
-    fresh = await side(tmp_path, "b", store, steps=1, claim_ttl=1.5)
+    fresh = await side(tmp_path, "b", store, steps=1, claim_ttl=4.0)
     try:
         with capture_logs() as logs:
             for _ in range(2):
@@ -68,7 +68,7 @@ async def test_a_dead_writers_claim_is_taken_over_once_stale(
     waits = [e for e in logs if e["event"] == "checkpoint_claim_held"]
     assert len(waits) == 1
     assert waits[0]["holder"] == str(dead.writer)
-    assert 0 < waits[0]["stale_in"] <= 1.5
+    assert 0 < waits[0]["stale_in"] <= 4.0
     taken = [e for e in logs if e["event"] == "checkpoint_claim_taken_over"]
     assert [(e["log_level"], e["holder"]) for e in taken] == [("error", str(dead.writer))]
     assert fresh.streamer.held == {}
@@ -213,3 +213,39 @@ async def test_a_writer_that_lost_its_claim_sends_no_further_file(tmp_path: Path
     assert len(sent) == 1
     left = {p.name for p in (tmp_path / "store" / "run1" / TAG).iterdir()}
     assert left - {n for n in left if n.startswith("traind-takeover-")} == {CLAIM_NAME}
+
+
+async def test_renewals_of_a_claim_never_overlap(store: Storage, tmp_path: Path) -> None:
+    """The lease's timer, the check between files and the renewal before the commit take
+    turns: two renewals at once would race each other's write of the claim."""
+    writer = await side(tmp_path, "a", store, steps=1, claim_ttl=0.2)
+    renew = store.renew
+    running = 0
+    most = 0
+    renewals = 0
+
+    async def slow_renew(*args: object, **kwargs: object) -> None:
+        nonlocal running, most, renewals
+        running += 1
+        renewals += 1
+        most = max(most, running)
+        try:
+            await asyncio.sleep(0.1)  # a store slower than the lease's timer
+            await renew(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            running -= 1
+
+    upload = store.upload
+
+    async def slow_upload(*args: object, **kwargs: object) -> None:
+        await asyncio.sleep(1.5)  # renewals come from the timer meanwhile
+        await upload(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.renew = slow_renew  # type: ignore[method-assign]
+    store.upload = slow_upload  # type: ignore[method-assign]
+    try:
+        await asyncio.wait_for(writer.streamer.commit(TAG), 60)
+    finally:
+        close([writer])
+    assert renewals >= 3
+    assert most == 1, f"{most} renewals of one claim ran at once"
