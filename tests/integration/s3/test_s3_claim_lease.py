@@ -40,7 +40,7 @@ async def test_a_dead_writers_claim_is_taken_over_with_all_it_left(
     dead = await dead_writer(tmp_path, backends(config))
     client = s3_server.client()
     client.create_multipart_upload(Bucket=bucket, Key=PREFIX + "shard-9.bin")
-    fresh = await side(tmp_path, "b", backends(config), steps=1, claim_ttl=1.5)
+    fresh = await side(tmp_path, "b", backends(config), steps=1, claim_ttl=4.0)
     try:
         with capture_logs() as logs:
             with pytest.raises(ClaimHeldError):

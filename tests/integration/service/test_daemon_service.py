@@ -38,6 +38,18 @@ def receive_all(sock: socket.socket, seconds: float) -> list[str]:
     return got
 
 
+def receive_until(sock: socket.socket, prefix: str, seconds: float) -> list[str]:
+    """Datagrams up to and including the first starting with ``prefix`` (within
+    ``seconds``, however slowly a loaded machine starts the daemon)."""
+    got: list[str] = []
+    deadline = time.monotonic() + seconds
+    while not any(m.startswith(prefix) for m in got):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {prefix} datagram within {seconds} s: {got}"
+        got += receive_all(sock, min(left, 0.5))
+    return got
+
+
 def test_sd_notify_lifecycle(tmp_path: Path) -> None:
     """READY at once, STATUS on changes, WATCHDOG at half the period, RELOADING→READY
     around SIGHUP, STOPPING on SIGTERM."""
@@ -48,11 +60,12 @@ def test_sd_notify_lifecycle(tmp_path: Path) -> None:
     env = {"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "400000"}
     daemon = DaemonProcess(cfg, env=env)
     try:
-        first = receive_all(sock, 2.0)
-        assert first[0].startswith("READY=1")
+        first = receive_until(sock, "READY=1", 60)
+        assert first[0].startswith("READY=1"), first
+        first += receive_all(sock, 0.5)
         assert any(m.startswith("STATUS=") for m in first)
         pings = [m for m in receive_all(sock, 2.0) if m == "WATCHDOG=1"]
-        assert 6 <= len(pings) <= 14, len(pings)  # every 0.2 s
+        assert 5 <= len(pings) <= 14, len(pings)  # every 0.2 s
         write_checkpoint(out, 1)
         daemon.wait_for("checkpoint_committed", timeout=30)
         statuses = [m for m in receive_all(sock, 0.5) if m.startswith("STATUS=")]
