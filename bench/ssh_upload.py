@@ -15,6 +15,9 @@ traind also computes sha256 of every byte and fsyncs each file before renaming i
 (its durability contract); scp and rsync do neither.
 
     python bench/ssh_upload.py --size 1GiB --repeat 3
+
+``--against DIR`` (repeatable) also times traind from another checkout (say a worktree of
+the commit before a change), its rows taking turns with this checkout's in the same run.
 """
 
 from __future__ import annotations
@@ -80,17 +83,22 @@ def ssh_options(server: SSHServer) -> list[str]:
     ]
 
 
-def commands(server: SSHServer, ckpt: Path, dest: Path, config: Path) -> dict[str, list[str]]:
-    """The command line of every contender, by name."""
+def commands(server: SSHServer, ckpt: Path, dest: Path, config: Path,
+             against: list[Path]) -> dict[str, list[str]]:
+    """The command line of every contender, by name; traind's also from each checkout in
+    ``against`` (its own bench worker, with its ``daemon/`` first on the path)."""
     opts = ssh_options(server)
     port = str(server.port)
     rsh = shlex.join(["ssh", "-p", port, *opts])
     rsh_gcm = shlex.join(["ssh", "-p", port, "-c", GCM, *opts])
-    traind = [sys.executable, __file__, "--worker", str(config), str(ckpt)]
+    traind = {"traind": [sys.executable, __file__, "--worker", str(config), str(ckpt)]}
+    for other in against:
+        traind[f"traind ({other})"] = [
+            "env", f"PYTHONPATH={other / 'daemon'}", sys.executable,
+            str(other / "bench" / "ssh_upload.py"), "--worker", str(config), str(ckpt)]
     return {
-        "traind sftp": [*traind, "sftp"],
-        "traind openssh": [*traind, "openssh"],
-        "traind rsync": [*traind, "rsync"],
+        **{f"{name} {transfer}": [*argv, transfer] for name, argv in traind.items()
+           for transfer in ("sftp", "openssh", "rsync")},
         "scp": ["scp", "-q", "-r", "-P", port, *opts, str(ckpt), f"{HOST}:{dest}/"],
         "scp -c aes128-gcm": [
             "scp", "-q", "-r", "-P", port, "-c", GCM, *opts, str(ckpt), f"{HOST}:{dest}/"
@@ -183,7 +191,7 @@ def run(args: argparse.Namespace) -> None:
         server.start_sync()
         results: dict[str, list[Result]] = {}
         try:
-            cmds = commands(server, ckpt, dest, config)
+            cmds = commands(server, ckpt, dest, config, args.against)
             selected = {k: v for k, v in cmds.items() if not args.only or args.only in k}
             for rep in range(args.repeat):
                 for tool, argv in selected.items():
@@ -261,6 +269,8 @@ def main() -> None:
     parser.add_argument("--only", help="run only tools whose name contains this")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     parser.add_argument("--workdir", default=None, help="where to put the data (default: tmp)")
+    parser.add_argument("--against", type=Path, action="append", default=[], metavar="DIR",
+                        help="also time traind from another checkout (repeatable)")
     parser.add_argument("--worker", nargs=3, metavar=("CONFIG", "CKPT", "TRANSFER"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
