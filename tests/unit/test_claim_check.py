@@ -36,7 +36,9 @@ def test_renewals_of_a_slow_store_never_overlap(monkeypatch: pytest.MonkeyPatch)
     renewed' and stop the upload), and renewals still happen."""
     monkeypatch.setattr(streamer, "CLAIM_CHECK_EVERY", 0.02)
     store = SlowRenewals()
-    check = Streamer._still_ours(SimpleNamespace(storage=store), "checkpoint-1", object())
+    owner = SimpleNamespace(storage=store, _renewing=asyncio.Lock())
+    owner._renew = lambda tag, writer: Streamer._renew(owner, tag, writer)
+    check = Streamer._still_ours(owner, "checkpoint-1", object())
 
     async def main() -> None:
         async def file_finishes(delay: float) -> None:
