@@ -14,6 +14,7 @@ import pytest
 from asyncinotify import Inotify, Mask, Watch
 from structlog.testing import capture_logs
 
+from traind.checkpoints import changes as changes_module
 from traind.checkpoints import watcher as watcher_module
 from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import CheckpointsConfig
@@ -188,6 +189,29 @@ def test_at_the_watch_limit_timed_scans_carry_on(
     limits = [e for e in logs if e["event"] == "checkpoint_watch_limit"]
     assert len(limits) == 1
     assert "max_user_watches" in limits[0]["hint"]
+
+
+def test_without_an_inotify_instance_timed_scans_carry_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When inotify cannot be had (fs.inotify.max_user_instances reached, as on a busy
+    Kubernetes node), the daemon says so and finds checkpoints with its timed scans."""
+
+    def refused(**_: object) -> Inotify:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(changes_module, "Inotify", refused)
+    config = CheckpointsConfig(poll_interval=0.2)
+
+    async def test(staged: asyncio.Event) -> None:
+        (tmp_path / "checkpoint-1").mkdir()
+        (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{}")
+        await asyncio.wait_for(staged.wait(), 10)
+
+    with capture_logs() as logs:
+        watching(config, tmp_path, test)
+    (refusal,) = [e for e in logs if e["event"] == "checkpoint_watch_unavailable"]
+    assert "Too many open files" in refusal["error"]
 
 
 def test_force_polling_still_finds_new_checkpoints(tmp_path: Path) -> None:
