@@ -180,8 +180,60 @@ def main() -> None:
         with running_seaweed(shutil.which("weed") or "weed", work / "seaweed") as server:
             rows = run(server, src, work, args.repeat, args.compare, args.setting)
         report(rows, args.files, args.file_size, args.repeat)
+        print(f"\n{args.files} files, traind's own steps beside the PUTs, client CPU ms per "
+              "file (median of 3; the PUT itself is the floor row):\n")
+        for step, ms in asyncio.run(local_steps(src, work)).items():
+            print(f"- {step}: {ms:.3f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+async def local_steps(src: Path, work: Path) -> dict[str, float]:
+    """Client CPU ms per file of each step traind takes for a file besides its PUT: the
+    snapshot's hard link, the read with sha256 and CRC32, and the journal's record."""
+    import mmap
+
+    from traind.checkpoints import snapshot
+    from traind.checkpoints.identity import RunIdentity
+    from traind.checkpoints.journal import Journal, JournalSession
+    from traind.storage import LocalFile
+    from traind.storage.fileio import SharedFd
+    from traind.storage.s3.buffers import new_digest, read_part
+
+    files = [(rel, path) for rel, path in snapshot.walk(src)]
+    size = max(path.stat().st_size for _, path in files)
+    buf = mmap.mmap(-1, size)
+    took: dict[str, list[float]] = {}
+
+    def timed_step(name: str, started: float) -> None:
+        took.setdefault(name, []).append((time.process_time() - started) / len(files) * 1e3)
+
+    for attempt in range(3):
+        dest = work / f"snap-{attempt}"
+        started = time.process_time()
+        snapshot.take(src, dest)
+        timed_step("snapshot (hard link)", started)
+        started = time.process_time()
+        for _, path in files:
+            fd = SharedFd(os.open(path, os.O_RDONLY))
+            try:
+                read_part(fd, 0, memoryview(buf)[:path.stat().st_size], new_digest(), True)
+            finally:
+                fd.close()
+        timed_step("read, sha256 and CRC32", started)
+        state = work / f"state-steps-{attempt}"
+        journal = Journal.in_state_dir(state, RunIdentity("bench", state, "bench"))
+        try:
+            await journal.staged("checkpoint-1", 1, dest,
+                                 [LocalFile(rel, path.stat().st_size) for rel, path in files])
+            session = JournalSession(journal, "checkpoint-1", lambda n: None)
+            started = time.process_time()
+            await asyncio.gather(*(session.file_done(rel, "0" * 64) for rel, _ in files))
+            timed_step("journal record", started)
+        finally:
+            journal.close()
+        shutil.rmtree(dest)
+    return {name: statistics.median(values) for name, values in took.items()}
 
 
 def report(rows: dict[str, list[Run]], files: int, size: str, repeat: int) -> None:
