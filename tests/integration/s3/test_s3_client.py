@@ -1,19 +1,24 @@
-"""The S3 client's per-request pipeline against a real SeaweedFS: botocore handlers that do
-nothing for traind's requests are gone from it, and response timestamps are parsed by the
-standard library into the datetimes botocore's parser would give."""
+"""The S3 client's per-request work against a real SeaweedFS: botocore handlers that do
+nothing for traind's requests are gone from it, response timestamps are parsed by the
+standard library into the datetimes botocore's parser would give, and default parts are
+12 MiB (each part costs a request's CPU)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Callable
 from datetime import UTC
+from pathlib import Path
 from typing import Any
 
 from botocore.utils import parse_timestamp as botocore_timestamp
-from tests.integration.s3.conftest import s3_config
+from tests.integration.s3.conftest import MIB, RecordingSession, Sent, make_checkpoint, s3_config
 from tests.support.seaweed import SeaweedS3
 
+from traind.config import S3Storage
+from traind.storage.s3.backend import S3Backend
 from traind.storage.s3.client import Ops, open_client, target_of
 from traind.storage.s3.errors import RetryPolicy
 
@@ -65,3 +70,23 @@ async def test_timestamps_are_botocores_values_parsed_by_the_standard_library(
     (listed,) = listing["Contents"]
     assert listed["LastModified"].tzinfo is UTC
     assert abs((listed["LastModified"] - head["LastModified"]).total_seconds()) < 2
+
+
+async def test_default_parts_are_12_mib(
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    sent: list[Sent], tmp_path: Path,
+) -> None:
+    """With ``part_size`` left out of the config, a 30 MiB file goes up in three parts
+    (12 + 12 + 6 MiB), not S3's customary four of 8 MiB."""
+    config = S3Storage.model_validate(s3_config(s3_server, bucket).model_dump(
+        exclude={"part_size"}))
+    root = tmp_path / "checkpoint-1"
+    files = make_checkpoint(root, {"model.safetensors": 30 * MIB})
+    session = RecordingSession()
+    async with asyncio.timeout(60):
+        await backends(config).upload("checkpoint-1", root, files, session)
+    parts = [r for r in sent if r.op == "UploadPart"]
+    assert len(parts) == 3
+    assert sorted(int(r.headers["content-length"]) for r in parts) == [6 * MIB, 12 * MIB,
+                                                                       12 * MIB]
+    assert session.done["model.safetensors"]
