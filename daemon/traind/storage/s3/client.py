@@ -5,21 +5,25 @@ one log event; request payloads are not SHA-256 signed (``UNSIGNED-PAYLOAD``), t
 CRC32 — computed while reading, off the event loop — guards the bytes in transit instead.
 Bodies go without ``Expect: 100-continue`` (a round trip per request, before the body, that
 only spares sending a body the store refuses), under a fixed User-Agent that botocore does
-not rebuild per request.
+not rebuild per request. Per-request work that does nothing for traind's requests is left
+out (``_IDLE_HANDLERS``), and response timestamps are parsed by the standard library.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import gc
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 from botocore import exceptions as bce
-from botocore.handlers import add_expect_header
+from botocore import handlers
+from botocore.utils import parse_timestamp as botocore_timestamp
 
 from traind import __version__
 from traind.config import S3Storage
@@ -33,6 +37,17 @@ SMALL_FILES_PER_SLOT = 16
 """Files sent in one PUT go this many per ``concurrency`` slot: each is one short request,
 so its time is mostly waiting for the store's answer, and more of them in flight keep the
 connections busy (their bytes stay within ``upload_memory``)."""
+_IDLE_HANDLERS = (
+    ("before-call.s3", handlers.add_expect_header),  # see the module's docstring
+    ("request-created", handlers.add_retry_headers),  # botocore's retry count: always 1 here
+    ("before-call", handlers.add_recursion_detection_header),  # inside AWS Lambda only
+    ("before-call", handlers.inject_api_version_header_if_needed),  # endpoint discovery
+    ("before-parameter-build", handlers.generate_idempotent_uuid),  # S3 has no such tokens
+    *((f"before-parameter-build.s3.{op}", handlers.sse_md5)  # SSE-C keys: never sent
+      for op in ("GetObject", "HeadObject", "PutObject", "UploadPart")),
+)
+"""Botocore's handlers, run on every request, that do nothing for the requests traind sends
+(or, for Expect, cost a round trip): unregistered from each client."""
 
 
 def target_of(config: S3Storage) -> Target:
@@ -61,6 +76,8 @@ async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, targe
             keys["aws_session_token"] = config.session_token.get_secret_value()
     region = config.region or ("us-east-1" if config.endpoint_url else None)
     session = AioSession(profile=config.profile)
+    session.get_component("response_parser_factory").set_parser_defaults(
+        timestamp_parser=parse_timestamp)
     aio_config = AioConfig(
         region_name=region,
         signature_version="s3v4",
@@ -81,12 +98,31 @@ async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, targe
         client = await stack.enter_async_context(manager)
     except (bce.BotoCoreError, ValueError) as exc:
         raise StorageError(describe(exc, "create_client", None, target)) from exc
-    client.meta.events.unregister("before-call.s3", add_expect_header)
+    for event, handler in _IDLE_HANDLERS:
+        client.meta.events.unregister(event, handler)
     # The client's service model is a large tree of objects that lives as long as the
     # process: frozen, it is left out of every later collection, which otherwise rescans
     # it as transfers allocate (measured ~4% of a restore's CPU).
     gc.freeze()
     return client
+
+
+def parse_timestamp(value: Any) -> datetime:
+    """A timestamp of a response, as botocore's parser gives it (timezone-aware), parsed by
+    the standard library when it is S3's usual form: an HTTP date in a header (each GET's
+    Last-Modified) or ISO 8601 in a listing; botocore's dateutil parser, much slower,
+    takes anything else."""
+    if isinstance(value, str):
+        try:
+            parsed = (email.utils.parsedate_to_datetime(value) if "," in value
+                      else datetime.fromisoformat(value))
+        except (ValueError, TypeError, IndexError):
+            pass
+        else:
+            if parsed.tzinfo is not None:
+                return parsed
+    result: datetime = botocore_timestamp(value)
+    return result
 
 
 @dataclass
