@@ -9,6 +9,7 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from asyncinotify import Inotify, Mask, Watch
@@ -71,6 +72,20 @@ def watching(
             await asyncio.wait_for(task, 30)
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def found_by_timed_scans(root: Path, tag: str, config: CheckpointsConfig) -> list[dict[str, Any]]:
+    """Write checkpoint ``tag`` under a running watcher and wait for its snapshot; the
+    events logged meanwhile."""
+
+    async def test(staged: asyncio.Event) -> None:
+        (root / tag).mkdir()
+        (root / tag / "trainer_state.json").write_text("{}")
+        await asyncio.wait_for(staged.wait(), 30)
+
+    with capture_logs() as logs:
+        watching(config, root, test)
+    return logs
 
 
 def test_an_idle_watcher_looks_only_when_its_timer_says(
@@ -177,15 +192,7 @@ def test_at_the_watch_limit_timed_scans_carry_on(
         return add_watch(self, path, mask)
 
     monkeypatch.setattr(Inotify, "add_watch", limited)
-    config = CheckpointsConfig(poll_interval=0.2)
-
-    async def test(staged: asyncio.Event) -> None:
-        (tmp_path / "checkpoint-2").mkdir()
-        (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
-        await asyncio.wait_for(staged.wait(), 10)
-
-    with capture_logs() as logs:
-        watching(config, tmp_path, test)
+    logs = found_by_timed_scans(tmp_path, "checkpoint-2", CheckpointsConfig(poll_interval=0.2))
     limits = [e for e in logs if e["event"] == "checkpoint_watch_limit"]
     assert len(limits) == 1
     assert "max_user_watches" in limits[0]["hint"]
@@ -201,15 +208,7 @@ def test_without_an_inotify_instance_timed_scans_carry_on(
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
     monkeypatch.setattr(changes_module, "Inotify", refused)
-    config = CheckpointsConfig(poll_interval=0.2)
-
-    async def test(staged: asyncio.Event) -> None:
-        (tmp_path / "checkpoint-1").mkdir()
-        (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{}")
-        await asyncio.wait_for(staged.wait(), 10)
-
-    with capture_logs() as logs:
-        watching(config, tmp_path, test)
+    logs = found_by_timed_scans(tmp_path, "checkpoint-1", CheckpointsConfig(poll_interval=0.2))
     (refusal,) = [e for e in logs if e["event"] == "checkpoint_watch_unavailable"]
     assert "Too many open files" in refusal["error"]
 
@@ -217,11 +216,5 @@ def test_without_an_inotify_instance_timed_scans_carry_on(
 def test_force_polling_still_finds_new_checkpoints(tmp_path: Path) -> None:
     """With force_polling (no inotify, as on NFS) a checkpoint written after start-up is
     found by the timed scans."""
-    config = CheckpointsConfig(poll_interval=0.1, force_polling=True)
-
-    async def test(staged: asyncio.Event) -> None:
-        (tmp_path / "checkpoint-1").mkdir()
-        (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{}")
-        await asyncio.wait_for(staged.wait(), 30)
-
-    watching(config, tmp_path, test)
+    found_by_timed_scans(tmp_path, "checkpoint-1",
+                         CheckpointsConfig(poll_interval=0.1, force_polling=True))

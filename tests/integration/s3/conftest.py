@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,6 +20,8 @@ from traind.config import S3Storage
 from traind.storage import LocalFile
 from traind.storage.s3 import backend as s3
 from traind.storage.s3.backend import S3Backend
+from traind.storage.s3.client import Ops, open_client, target_of
+from traind.storage.s3.errors import RetryPolicy
 
 MIB = 1024 * 1024
 
@@ -52,6 +55,16 @@ def s3_config(server: SeaweedS3, bucket: str, **overrides: Any) -> S3Storage:
         "retries": 6, "retry_max_delay": 2.0, "connect_timeout": 2.0, "read_timeout": 10.0,
     }
     return S3Storage(**(values | overrides))
+
+
+@contextlib.asynccontextmanager
+async def opened_ops(config: S3Storage, policy: RetryPolicy | None = None) -> AsyncIterator[Ops]:
+    """``Ops`` on a client opened from ``config`` (closed on leaving), retrying as
+    ``policy`` says (by default not at all)."""
+    async with contextlib.AsyncExitStack() as stack:
+        target = target_of(config)
+        client = await open_client(config, stack, target)
+        yield Ops(client, target, policy or RetryPolicy(0), config.read_timeout)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ standard library into the datetimes botocore's parser would give, and default pa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Callable
 from datetime import UTC
@@ -14,13 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from botocore.utils import parse_timestamp as botocore_timestamp
-from tests.integration.s3.conftest import MIB, RecordingSession, Sent, make_checkpoint, s3_config
+from tests.integration.s3.conftest import (
+    MIB,
+    RecordingSession,
+    Sent,
+    make_checkpoint,
+    opened_ops,
+    s3_config,
+)
 from tests.support.seaweed import SeaweedS3
 
 from traind.config import S3Storage
 from traind.storage.s3.backend import S3Backend
-from traind.storage.s3.client import Ops, open_client, target_of
-from traind.storage.s3.errors import RetryPolicy
 
 
 async def test_requests_carry_no_sdk_retry_headers(s3_server: SeaweedS3, bucket: str) -> None:
@@ -33,10 +37,7 @@ async def test_requests_carry_no_sdk_retry_headers(s3_server: SeaweedS3, bucket:
         headers.append({k.lower(): v.decode() if isinstance(v, bytes) else str(v)
                         for k, v in request.headers.items()})
 
-    async with contextlib.AsyncExitStack() as stack, asyncio.timeout(60):
-        target = target_of(config)
-        ops = Ops(await open_client(config, stack, target), target, RetryPolicy(0),
-                  config.read_timeout)
+    async with asyncio.timeout(60), opened_ops(config) as ops:
         ops.client.meta.events.register("before-send.s3", record)
         key = f"ckpts/{uuid.uuid4().hex}"
         await ops.call("put_object", key, body=memoryview(b"0123456789"))
@@ -56,10 +57,7 @@ async def test_timestamps_are_botocores_values_parsed_by_the_standard_library(
     """A HEAD's Last-Modified (an HTTP date) and a listing's LastModified (ISO 8601) are
     the UTC datetimes botocore's parser gives, as ``datetime.UTC`` values."""
     config = s3_config(s3_server, bucket)
-    async with contextlib.AsyncExitStack() as stack, asyncio.timeout(60):
-        target = target_of(config)
-        ops = Ops(await open_client(config, stack, target), target, RetryPolicy(0),
-                  config.read_timeout)
+    async with asyncio.timeout(60), opened_ops(config) as ops:
         key = f"ckpts/{uuid.uuid4().hex}"
         await ops.call("put_object", key, body=memoryview(b"x"))
         head = await ops.call("head_object", key)

@@ -4,16 +4,14 @@ not), set where botocore's errors are translated, against a real SeaweedFS."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 
 import pytest
-from tests.integration.s3.conftest import s3_config
+from tests.integration.s3.conftest import opened_ops, s3_config
 from tests.support.seaweed import SeaweedS3
 
 from traind.errors import StorageError, TransientStorageError
 from traind.storage.s3 import claim as s3_claim
-from traind.storage.s3.client import Ops, open_client, target_of
 from traind.storage.s3.errors import RetryPolicy
 
 
@@ -21,10 +19,7 @@ async def test_store_errors_carry_code_status_and_key(s3_server: SeaweedS3, buck
     """NoSuchKey, NoSuchUpload and a failed precondition (412) reach callers as facts on
     the StorageError: ``code``, ``status``, ``key``, ``op``, ``missing``, not transient."""
     config = s3_config(s3_server, bucket)
-    async with contextlib.AsyncExitStack() as stack, asyncio.timeout(60):
-        target = target_of(config)
-        ops = Ops(await open_client(config, stack, target), target, RetryPolicy(0),
-                  config.read_timeout)
+    async with asyncio.timeout(60), opened_ops(config) as ops:
         key = f"ckpts/{uuid.uuid4().hex}"
 
         with pytest.raises(StorageError) as nokey:
@@ -53,10 +48,8 @@ async def test_exhausted_retries_are_transient(own_server: SeaweedS3) -> None:
     transient: the fact every retry loop above decides by."""
     own_server.create_bucket("facts")
     config = s3_config(own_server, "facts")
-    async with contextlib.AsyncExitStack() as stack, asyncio.timeout(60):
-        target = target_of(config)
-        ops = Ops(await open_client(config, stack, target), target,
-                  RetryPolicy(1, base=0.05, cap=0.1), config.read_timeout)
+    policy = RetryPolicy(1, base=0.05, cap=0.1)
+    async with asyncio.timeout(60), opened_ops(config, policy) as ops:
         await ops.call("list_objects_v2", MaxKeys=1)  # reached
         own_server.stop()
         with pytest.raises(TransientStorageError, match="gave up after 2 attempts") as caught:
