@@ -34,6 +34,16 @@ def part_name(rank: int) -> str:
     return f"{PART_PREFIX}{rank}.json"
 
 
+def part_rank(name: str) -> int | None:
+    """The node rank in a part manifest's name (``traind-part-<rank>.json``); None when
+    ``name`` is not one."""
+    stem = name.removeprefix(PART_PREFIX).removesuffix(".json")
+    if name.startswith(PART_PREFIX) and name.endswith(".json") and stem.isascii() \
+            and stem.isdigit():
+        return int(stem)
+    return None
+
+
 def part_claim_name(rank: int) -> str:
     """The claim on node ``rank``'s part of a tag: ``traind-writer-<rank>.json``."""
     return f"{PART_CLAIM_PREFIX}{rank}.json"

@@ -27,7 +27,7 @@ from traind.layout.keys import (
     check_tag,
 )
 from traind.layout.manifest import Manifest, Writer, listed
-from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name
+from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name, part_rank
 from traind.storage.base import Advance, LocalFile, UploadSession
 from traind.storage.claim import (
     Lease,
@@ -181,9 +181,8 @@ class LocalBackend:
     def _part_ranks(tag_dir: Path) -> set[int]:
         if not tag_dir.is_dir():
             return set()
-        names = (p.name.removeprefix(PART_PREFIX).removesuffix(".json")
-                 for p in tag_dir.glob(f"{PART_PREFIX}*.json"))
-        return {int(n) for n in names if n.isdigit()}
+        return {rank for p in tag_dir.glob(f"{PART_PREFIX}*.json")
+                if (rank := part_rank(p.name)) is not None}
 
     async def committed(self, tag: str) -> Manifest | None:
         return await _io(self._manifest, check_tag(tag))

@@ -31,6 +31,7 @@ from traind.errors import StorageError, TransientStorageError
 from traind.layout.keys import MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest
 from traind.storage.s3 import backend as s3
+from traind.storage.s3 import client as s3_client
 from traind.storage.s3.backend import S3Backend
 from traind.storage.s3.buffers import PartBody
 from traind.storage.s3.client import Ops
@@ -126,7 +127,7 @@ async def test_listing_pages_and_deleting_in_batches(
 ) -> None:
     """Manifests are found across listing pages; a checkpoint is deleted manifest first (so
     a half-deleted one is never listed), then its objects in batches."""
-    monkeypatch.setattr(s3, "LIST_PAGE", 2)
+    monkeypatch.setattr(s3_client, "LIST_PAGE", 2)
     monkeypatch.setattr(s3, "DELETE_BATCH", 2)
     backend = backends(s3_config(s3_server, bucket))
     tags = [f"checkpoint-{step}" for step in range(1, 6)]

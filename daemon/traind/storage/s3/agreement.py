@@ -15,12 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from traind.layout.keys import check_component
-from traind.layout.parts import PART_PREFIX, Part
+from traind.layout.parts import Part, part_rank
 from traind.storage.s3.claim import get, put_new
 from traind.storage.s3.client import Ops
-from traind.storage.tasks import task_group
+from traind.storage.tasks import fan_out
 
-LIST_PAGE = 1000
 REQUEST = "start-"
 BOARD = "board.json"
 
@@ -32,15 +31,7 @@ def request_key(base: str, rank: int, nonce: str) -> str:
 
 async def _listed(ops: Ops, prefix: str) -> list[dict[str, Any]]:
     """Every object under ``prefix`` as listed (key, size, time): one request per page."""
-    found: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        extra: dict[str, Any] = {"ContinuationToken": token} if token else {}
-        page = await ops.call("list_objects_v2", Prefix=prefix, MaxKeys=LIST_PAGE, **extra)
-        found.extend(page.get("Contents", []))
-        token = page.get("NextContinuationToken")
-        if not page.get("IsTruncated") or not token:
-            return found
+    return [obj async for page in ops.pages(prefix) for obj in page.get("Contents", [])]
 
 
 async def request_start(ops: Ops, base: str, rank: int, nonce: str) -> None:
@@ -87,33 +78,22 @@ async def read_board(ops: Ops, base: str) -> bytes | None:
     return await get(ops, base + BOARD)
 
 
-async def uncommitted(ops: Ops, run_prefix: str, manifest_name: str, reserved: str
-                      ) -> dict[str, list[Part]]:
+async def uncommitted(ops: Ops, run_prefix: str, manifest_name: str, reserved: str,
+                      limit: int) -> dict[str, list[Part]]:
     """Every tag under ``run_prefix`` with part manifests and no ``manifest_name``, with
-    its parts: one listing of the run, and part bodies read only for those tags."""
+    its parts: one listing of the run, and part bodies read (``limit`` at once) only for
+    those tags."""
     keys: dict[str, set[str]] = {}
     for obj in await _listed(ops, run_prefix):
         tag, _, name = str(obj["Key"])[len(run_prefix):].partition("/")
         if tag != reserved and name and "/" not in name:
             keys.setdefault(tag, set()).add(name)
+    wanted = [(tag, name) for tag, names in sorted(keys.items()) if manifest_name not in names
+              for name in sorted(names) if part_rank(name) is not None]
+    bodies = await fan_out(wanted, limit,
+                           lambda tag_name: get(ops, f"{run_prefix}{tag_name[0]}/{tag_name[1]}"))
     found: dict[str, list[Part]] = {}
-
-    async def read(tag: str, names: list[str]) -> None:
-        parts = []
-        for name in names:
-            if (data := await get(ops, f"{run_prefix}{tag}/{name}")) is not None:
-                parts.append(Part.from_json(data))
-        if parts:
-            found[tag] = parts
-
-    async with task_group() as tg:
-        for tag, names in sorted(keys.items()):
-            part_names = sorted(n for n in names if _is_part(n))
-            if part_names and manifest_name not in names:
-                tg.create_task(read(tag, part_names))
-    return {tag: found[tag] for tag in sorted(found)}
-
-
-def _is_part(name: str) -> bool:
-    return (name.startswith(PART_PREFIX) and name.endswith(".json")
-            and name[len(PART_PREFIX):-len(".json")].isdigit())
+    for (tag, _), data in zip(wanted, bodies, strict=True):
+        if data is not None:  # None: deleted meanwhile
+            found.setdefault(tag, []).append(Part.from_json(data))
+    return found

@@ -47,8 +47,6 @@ from traind.storage.tasks import Slots, fan_out, task_group
 
 log = structlog.get_logger("traind.s3")
 DELETE_BATCH = 1000
-LIST_PAGE = 1000
-"""Keys per listing page (S3's maximum; also its default)."""
 
 
 class S3Backend:
@@ -189,7 +187,8 @@ class S3Backend:
 
     async def uncommitted(self) -> dict[str, list[Part]]:
         return await s3_agreement.uncommitted(await self._client(), self._run_prefix,
-                                              MANIFEST_NAME, AGREEMENT_DIR)
+                                              MANIFEST_NAME, AGREEMENT_DIR,
+                                              self._config.concurrency)
 
     @property
     def _agreement(self) -> str:
@@ -228,19 +227,10 @@ class S3Backend:
 
     async def _tags(self, ops: Ops) -> list[str]:
         """The names of the "directories" directly under the run's prefix, sorted."""
-        tags: list[str] = []
-        token: str | None = None
-        while True:
-            extra: dict[str, Any] = {"ContinuationToken": token} if token else {}
-            page = await ops.call("list_objects_v2", Prefix=self._run_prefix, Delimiter="/",
-                                  MaxKeys=LIST_PAGE, **extra)
-            for common in page.get("CommonPrefixes", []):
-                if (tag := str(common["Prefix"])[len(self._run_prefix):].rstrip("/")) \
-                        != AGREEMENT_DIR:  # the resume agreement's, never a checkpoint
-                    tags.append(tag)
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return sorted(tags)
+        tags = [str(common["Prefix"])[len(self._run_prefix):].rstrip("/")
+                async for page in ops.pages(self._run_prefix, Delimiter="/")
+                for common in page.get("CommonPrefixes", [])]
+        return sorted(t for t in tags if t != AGREEMENT_DIR)  # the resume agreement's
 
     async def _read_manifest(self, ops: Ops, tag: str) -> Manifest | None:
         try:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import email.utils
 import gc
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -31,6 +32,8 @@ from traind.errors import StorageError
 from traind.storage.s3.buffers import PartBody
 from traind.storage.s3.errors import RetryPolicy, Target, describe, retrying
 
+LIST_PAGE = 1000
+"""Keys per listing request: S3's most."""
 _MIN_SEND_RATE = 256 * 1024
 """Bytes/s below which one request attempt is abandoned as hung (and retried)."""
 SMALL_FILES_PER_SLOT = 16
@@ -152,6 +155,20 @@ class Ops:
             return result
 
         return await retrying(attempt, op, key, self.target, self.policy)
+
+    async def pages(self, prefix: str, **params: Any) -> AsyncIterator[dict[str, Any]]:
+        """Each page of ``list_objects_v2`` under ``prefix`` (``LIST_PAGE`` keys a request),
+        following continuation tokens. A throttled or failing page is retried by ``call``
+        and raised when retries run out, never read as an empty listing."""
+        token: str | None = None
+        while True:
+            extra: dict[str, Any] = {"ContinuationToken": token} if token else {}
+            page = await self.call("list_objects_v2", Prefix=prefix, MaxKeys=LIST_PAGE,
+                                   **params, **extra)
+            yield page
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
 
     def limit(self, nbytes: int) -> float:
         """Seconds one attempt that sends ``nbytes`` may take before it is abandoned as hung."""

@@ -16,12 +16,11 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from traind.errors import ConflictError, TransientStorageError
 from traind.layout.keys import CLAIM_NAME, PART_CLAIM_PREFIX, PART_PREFIX, check_relpath
 from traind.layout.manifest import Writer
-from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name
+from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name, part_rank
 from traind.storage.base import LocalFile, UploadSession
 from traind.storage.claim import check_claim
 from traind.storage.fileio import hash_file
@@ -29,7 +28,6 @@ from traind.storage.s3.claim import get, put_new
 from traind.storage.s3.client import Ops
 from traind.storage.tasks import fan_out
 
-LIST_PAGE = 1000
 CHUNK = 1024 * 1024
 """Bytes read at a time when a stored object is hashed to compare it with this host's."""
 
@@ -42,16 +40,8 @@ async def listing(ops: Ops, prefix: str) -> dict[str, int]:
     """Every key under ``prefix`` with its size: one request per 1000 keys. A throttled or
     failing page is retried by ``Ops.call`` and raised when retries run out, never read as
     an empty listing."""
-    found: dict[str, int] = {}
-    token: str | None = None
-    while True:
-        extra: dict[str, Any] = {"ContinuationToken": token} if token else {}
-        page = await ops.call("list_objects_v2", Prefix=prefix, MaxKeys=LIST_PAGE, **extra)
-        for obj in page.get("Contents", []):
-            found[str(obj["Key"])] = int(obj.get("Size", 0))
-        token = page.get("NextContinuationToken")
-        if not page.get("IsTruncated") or not token:
-            return found
+    return {str(obj["Key"]): int(obj.get("Size", 0)) async for page in ops.pages(prefix)
+            for obj in page.get("Contents", [])}
 
 
 async def claim_part(ops: Ops, base: str, tag: str, rank: int, writer: Writer,
@@ -146,12 +136,8 @@ async def commit_part(ops: Ops, base: str, part: Part) -> None:
 
 async def part_ranks(ops: Ops, base: str) -> set[int]:
     """The node ranks with a part manifest under ``base``: one listing of their names."""
-    ranks = set()
-    for key in await listing(ops, base + PART_PREFIX):
-        name = key[len(base + PART_PREFIX):].removesuffix(".json")
-        if name.isdigit() and key.endswith(".json"):
-            ranks.add(int(name))
-    return ranks
+    names = (key[len(base):] for key in await listing(ops, base + PART_PREFIX))
+    return {rank for name in names if (rank := part_rank(name)) is not None}
 
 
 async def parts(ops: Ops, base: str, concurrency: int) -> list[Part]:

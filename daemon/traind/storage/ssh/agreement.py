@@ -10,7 +10,7 @@ import posixpath
 
 import asyncssh
 
-from traind.layout.parts import PART_PREFIX, Part
+from traind.layout.parts import Part, part_rank
 from traind.storage.ssh.sftp import makedirs, read_bytes, remove, write_bytes
 
 REQUEST = "start-"
@@ -71,8 +71,7 @@ async def uncommitted(sftp: asyncssh.SFTPClient, root: str, manifest_name: str,
     listings = await asyncio.gather(*(_names(sftp, posixpath.join(root, t)) for t in tags))
     found: dict[str, list[Part]] = {}
     for tag, names in zip(tags, listings, strict=True):
-        part_names = sorted(n for n in names if n.startswith(PART_PREFIX)
-                            and n.endswith(".json") and n[len(PART_PREFIX):-5].isdigit())
+        part_names = sorted(n for n in names if part_rank(n) is not None)
         if not part_names or manifest_name in names:
             continue
         bodies = await asyncio.gather(*(read_bytes(sftp, posixpath.join(root, tag, n))

@@ -18,7 +18,13 @@ import asyncssh
 
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Writer
-from traind.layout.parts import PART_CLAIM_PREFIX, PART_PREFIX, Part, part_claim_name, part_name
+from traind.layout.parts import (
+    PART_CLAIM_PREFIX,
+    Part,
+    part_claim_name,
+    part_name,
+    part_rank,
+)
 from traind.storage.fileio import PART_SUFFIX
 from traind.storage.ssh.sftp import create_new, makedirs, read_bytes, remove, rename
 
@@ -95,9 +101,7 @@ async def part_ranks(sftp: asyncssh.SFTPClient, base: str) -> set[int]:
         names = await sftp.listdir(base)
     except asyncssh.SFTPNoSuchFile:
         return set()
-    stems = (n.removeprefix(PART_PREFIX).removesuffix(".json") for n in names
-             if n.startswith(PART_PREFIX) and n.endswith(".json"))
-    return {int(stem) for stem in stems if stem.isdigit()}
+    return {rank for name in names if (rank := part_rank(name)) is not None}
 
 
 async def parts(sftp: asyncssh.SFTPClient, base: str) -> list[Part]:
