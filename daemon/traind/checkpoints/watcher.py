@@ -211,7 +211,8 @@ class Watcher:
         """The start-up scan, then one after each burst of changes under output_dir, and
         one every ``poll_interval`` so the settle timer advances."""
         yield None  # the start-up scan
-        with Changes.open(self._dir, self._config.pattern, self._config.force_polling) as changes:
+        async with Changes.open(self._dir, self._config.pattern,
+                                self._config.force_polling) as changes:
             while True:
                 await changes.wait(stop, self._config.poll_interval)
                 if stop.is_set():
