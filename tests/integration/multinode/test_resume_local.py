@@ -66,6 +66,18 @@ def start(cfg: Path, rank: int, nodes: int, env: dict[str, str] | None = None
                                    "TRAIND_CHECKPOINTS__MARKERS": MARKERS, **(env or {})})
 
 
+def run_to_end(hosts: list[Path], env: dict[str, str] | None = None) -> list[DaemonProcess]:
+    """Start every host's daemon (rank = position) and wait until each exits 0 by itself;
+    killed on the way out whatever happens."""
+    daemons = [start(cfg, rank, len(hosts), env) for rank, cfg in enumerate(hosts)]
+    try:
+        assert [finished(d) for d in daemons] == [0] * len(hosts), [d.raw[-30:] for d in daemons]
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+    return daemons
+
+
 def resumed(daemon: DaemonProcess) -> list[int]:
     """The steps this host's trainer starts loaded, in order (each with the right weights)."""
     steps = []
@@ -102,12 +114,7 @@ def test_a_rank_crashing_once_restarts_every_host_from_one_committed_step(
            "DCP_CRASH_ONCE": str(tmp_path / "crashed")}
     hosts = configs(tmp_path, 2, steps=4, env=env, storage=store[0])
     slow = {"TRAIND_CHECKPOINTS__SETTLE": "3s"}
-    daemons = [start(cfg, rank, 2, slow) for rank, cfg in enumerate(hosts)]
-    try:
-        assert [finished(d) for d in daemons] == [0, 0], [d.raw[-30:] for d in daemons]
-    finally:
-        for daemon in daemons:
-            daemon.kill()
+    daemons = run_to_end(hosts, slow)
     assert (tmp_path / "crashed").exists()
     assert [resumed(d) for d in daemons] == [[2], [2]]
     assert [agreed(d) for d in daemons] == [[(1, None), (2, "checkpoint-2")]] * 2
@@ -125,21 +132,11 @@ def test_wiped_hosts_restore_the_whole_checkpoint_and_resume_from_one_step(
     union of the newest committed checkpoint (other hosts' files and .metadata too), never
     stores it again as a save of its own, and both trainers resume from it."""
     hosts = configs(tmp_path, 2, steps=2, storage=store[0])
-    daemons = [start(cfg, rank, 2) for rank, cfg in enumerate(hosts)]
-    try:
-        assert [finished(d) for d in daemons] == [0, 0]
-    finally:
-        for daemon in daemons:
-            daemon.kill()
+    run_to_end(hosts)
     for rank in range(2):
         shutil.rmtree(tmp_path / f"node{rank}")
     hosts = configs(tmp_path, 2, steps=3, storage=store[0])
-    daemons = [start(cfg, rank, 2) for rank, cfg in enumerate(hosts)]
-    try:
-        assert [finished(d) for d in daemons] == [0, 0], [d.raw[-30:] for d in daemons]
-    finally:
-        for daemon in daemons:
-            daemon.kill()
+    daemons = run_to_end(hosts)
     assert [resumed(d) for d in daemons] == [[2], [2]]
     union = sorted(f["path"] for f in json.loads(
         store[1].read("checkpoint-2", MANIFEST_NAME) or b"{}")["files"])
@@ -203,12 +200,7 @@ def test_a_finished_trainers_last_saves_are_committed_on_unmarked_hosts(tmp_path
     hosts = configs(tmp_path, 2, steps=2)
     env = {"TRAIND_CHECKPOINTS__MARKERS": json.dumps(["trainer_state.json", ".metadata"]),
            "TRAIND_CHECKPOINTS__SETTLE": "1h"}
-    daemons = [start(cfg, rank, 2, env) for rank, cfg in enumerate(hosts)]
-    try:
-        assert [finished(d) for d in daemons] == [0, 0], [d.raw[-30:] for d in daemons]
-    finally:
-        for daemon in daemons:
-            daemon.kill()
+    run_to_end(hosts, env)
     for tag in ("checkpoint-1", "checkpoint-2"):
         manifest = json.loads((tmp_path / "store/exp" / tag / MANIFEST_NAME).read_text())
         assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {
