@@ -200,7 +200,7 @@ async def local_steps(src: Path, work: Path) -> dict[str, float]:
     from traind.storage.fileio import SharedFd
     from traind.storage.s3.buffers import new_digest, read_part
 
-    files = [(rel, path) for rel, path in snapshot.walk(src)]
+    files = snapshot.walk(src)
     size = max(path.stat().st_size for _, path in files)
     buf = mmap.mmap(-1, size)
     took: dict[str, list[float]] = {}
