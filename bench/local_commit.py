@@ -32,7 +32,11 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
-from traind.storage.local import LocalBackend
+
+try:
+    from traind.protocol import open_storage
+except ImportError:  # a checkout from before the store protocol (--against)
+    from traind.storage import open_storage  # type: ignore[attr-defined,no-redef]
 from traind.units import parse_size
 
 
@@ -63,7 +67,7 @@ def timed(fn: object) -> float:
 
 
 async def traind_commit(src: Path, work: Path) -> float:
-    storage = LocalBackend(LocalStorage(path=work / "store"), "bench")
+    storage = open_storage(LocalStorage(path=work / "store"), "bench")
     run = RunIdentity("bench", src.parent, storage.describe)
     journal = Journal(work / "state/journal.sqlite3", run)
     streamer = Streamer("bench", work / "state", storage, journal)

@@ -38,7 +38,7 @@ from traind.config import LocalStorage, S3Storage, SSHStorage
 from traind.layout.manifest import Manifest
 from traind.layout.parts import Part
 from traind.nodes import NodeRank
-from traind.storage.factory import open_storage
+from traind.protocol import open_storage
 from traind.units import parse_size
 
 TAG = "checkpoint-1"

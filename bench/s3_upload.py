@@ -412,28 +412,33 @@ def run_all(
 # -- children: each tool runs in its own process so wait4 measures only it ----------------
 
 
-def _backend(endpoint: str, bucket: str) -> object:
+def _backend(endpoint: str, bucket: str) -> Any:
+    """The checkpoint store a daemon of this checkout uses (``--against`` may run an older
+    one, from before ``traind.protocol``, whose S3 backend had the same verbs)."""
     from pydantic import SecretStr
 
     from traind.config import S3Storage
-    from traind.storage.s3.backend import S3Backend
 
     config = S3Storage(type="s3", bucket=bucket, prefix="bench", endpoint_url=endpoint,
                        region=REGION, addressing_style="path",
                        access_key_id=SecretStr(ACCESS_KEY),
                        secret_access_key=SecretStr(SECRET_KEY))
-    return S3Backend(config, "run")
+    try:
+        from traind.protocol import open_storage
+    except ImportError:
+        from traind.storage.s3.backend import S3Backend  # type: ignore[import-not-found]
+
+        return S3Backend(config, "run")
+    return open_storage(config, "run")
 
 
 async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> None:
     from traind.layout.manifest import FileEntry, Manifest
     from traind.storage import LocalFile
-    from traind.storage.s3.backend import S3Backend
 
     root = Path(src)
     files = [LocalFile(p.name, p.stat().st_size) for p in sorted(root.iterdir())]
     backend = _backend(endpoint, bucket)
-    assert isinstance(backend, S3Backend)
     try:
         await backend.manifests()  # a daemon has its client open (it listed at start-up)
         with journal_session("checkpoint-1") as session, recorded(Path(inside)):
@@ -446,10 +451,8 @@ async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> N
 
 async def _traind_download(endpoint: str, bucket: str, dest: str, inside: str) -> None:
     from traind.layout.manifest import verify
-    from traind.storage.s3.backend import S3Backend
 
     backend = _backend(endpoint, bucket)
-    assert isinstance(backend, S3Backend)
     try:
         (manifest,) = await backend.manifests()
         with recorded(Path(inside)):

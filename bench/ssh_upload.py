@@ -17,13 +17,16 @@ traind also computes sha256 of every byte and fsyncs each file before renaming i
     python bench/ssh_upload.py --size 1GiB --repeat 3
 
 ``--against DIR`` (repeatable) also times traind from another checkout (say a worktree of
-the commit before a change), its rows taking turns with this checkout's in the same run.
+the commit before a change), its rows taking turns with this checkout's in the same run:
+this script's worker with that checkout's ``daemon/`` first on the path, so only the
+daemon's code differs (the worker uses whichever SSH store API that checkout has).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import shlex
@@ -34,6 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -86,7 +90,7 @@ def ssh_options(server: SSHServer) -> list[str]:
 def commands(server: SSHServer, ckpt: Path, dest: Path, config: Path,
              against: list[Path]) -> dict[str, list[str]]:
     """The command line of every contender, by name; traind's also from each checkout in
-    ``against`` (its own bench worker, with its ``daemon/`` first on the path)."""
+    ``against`` (this bench's worker, with that checkout's ``daemon/`` first on the path)."""
     opts = ssh_options(server)
     port = str(server.port)
     rsh = shlex.join(["ssh", "-p", port, *opts])
@@ -94,8 +98,8 @@ def commands(server: SSHServer, ckpt: Path, dest: Path, config: Path,
     traind = {"traind": [sys.executable, __file__, "--worker", str(config), str(ckpt)]}
     for other in against:
         traind[f"traind ({other})"] = [
-            "env", f"PYTHONPATH={other / 'daemon'}", sys.executable,
-            str(other / "bench" / "ssh_upload.py"), "--worker", str(config), str(ckpt)]
+            "env", f"PYTHONPATH={other.resolve() / 'daemon'}", sys.executable, __file__,
+            "--worker", str(config), str(ckpt)]
     return {
         **{f"{name} {transfer}": [*argv, transfer] for name, argv in traind.items()
            for transfer in ("sftp", "openssh", "rsync")},
@@ -234,16 +238,27 @@ def print_table(results: dict[str, list[Result]], total: int, size: int) -> None
               f"(~{max(startups):.2f} s wall per run), paid once by the daemon.")
 
 
+def open_ssh(config: Any) -> Any:
+    """The SSH checkpoint store of the traind on the path: the protocol over ``SSHStore``
+    (``open_storage``), or, in a checkout from before it, ``SSHBackend``; both upload,
+    commit and close alike."""
+    try:
+        from traind.protocol import open_storage
+    except ImportError:
+        old = importlib.import_module("traind.storage.ssh.backend")
+        return old.SSHBackend(config, "bench")
+    return open_storage(config, "bench")
+
+
 async def worker(config_path: Path, ckpt: Path, transfer: str) -> None:
-    """Child-process mode: upload ``ckpt`` with the traind SSH backend, then commit it."""
+    """Child-process mode: upload ``ckpt`` with the traind SSH store, then commit it."""
     from traind.config import SSHStorage
     from traind.layout.manifest import FileEntry, Manifest
     from traind.storage import LocalFile
-    from traind.storage.ssh.backend import SSHBackend
 
     raw = json.loads(config_path.read_text())
     config = SSHStorage.model_validate({**raw, "transfer": transfer})
-    backend = SSHBackend(config, "bench")
+    backend = open_ssh(config)
     files = [
         LocalFile(p.relative_to(ckpt).as_posix(), p.stat().st_size)
         for p in sorted(ckpt.rglob("*")) if p.is_file()

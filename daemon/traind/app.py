@@ -29,12 +29,12 @@ from traind.config import Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.layout.manifest import Manifest
 from traind.observe import Observer
+from traind.protocol import CheckpointStore, open_storage
 from traind.reload import plan_reload
 from traind.retry import Backoff, retrying
 from traind.status import locate
 from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
-from traind.storage import Storage, open_storage
 from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
@@ -59,7 +59,7 @@ class Daemon:
     def __init__(
         self,
         settings: Settings,
-        storage: Storage,
+        storage: CheckpointStore,
         state: StateDir,
         config_path: Path | None = None,
         recent: RecentErrors | None = None,
@@ -114,7 +114,7 @@ class Daemon:
     async def open(
         cls,
         settings: Settings,
-        storage: Storage | None = None,
+        storage: CheckpointStore | None = None,
         config_path: Path | None = None,
         recent: RecentErrors | None = None,
         *,

@@ -294,7 +294,7 @@ async def _status(args: argparse.Namespace) -> int:
 
 
 async def _check_config(args: argparse.Namespace) -> int:
-    from traind.storage import open_storage
+    from traind.protocol import open_storage
 
     path = config.config_path(args.config)
     settings = config.load(path)
@@ -318,7 +318,7 @@ async def _check_config(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> int:
-    from traind.storage import open_storage
+    from traind.protocol import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
@@ -374,7 +374,7 @@ async def _pull(args: argparse.Namespace) -> int:
     from traind.checkpoints.restore import find, restore, restore_newest
     from traind.errors import IntegrityError
     from traind.progress import Progress, shown
-    from traind.storage import open_storage
+    from traind.protocol import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
@@ -439,7 +439,7 @@ async def _verify(args: argparse.Namespace) -> int:
     from traind.checkpoints.identity import RunIdentity
     from traind.checkpoints.journal import Journal
     from traind.checkpoints.restore import find
-    from traind.storage import open_storage
+    from traind.protocol import open_storage
     from traind.units import format_size
 
     settings = _settings(args)
@@ -500,7 +500,7 @@ async def _prune(args: argparse.Namespace) -> int:
     from traind.checkpoints import pruner
     from traind.checkpoints.identity import RunIdentity
     from traind.checkpoints.journal import Journal
-    from traind.storage import open_storage
+    from traind.protocol import open_storage
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from traind.layout.manifest import Manifest
-    from traind.storage.claim import Lease
+    from traind.protocol.lease import Lease
 
 
 class TraindError(Exception):
@@ -122,8 +122,40 @@ class ClaimHeldError(ConflictError):
         )
 
 
+class ContendedError(TransientStorageError):
+    """Writers claimed one tag at the same instant on a store without atomic creates, and
+    each withdrew: a later attempt, after a random pause, decides it."""
+
+    def __init__(self, tag: str, ours: str, theirs: list[str], where: str = "") -> None:
+        self.tag = tag
+        self.ours = ours
+        self.theirs = theirs
+        at = f" in {where}" if where else ""
+        super().__init__(
+            f"{tag}{at}: writers {' and '.join([ours, *theirs])} claimed it at the same "
+            "instant (this store has no atomic create, so claims are listed) and each "
+            "withdrew"
+        )
+
+
 class IntegrityError(StorageError):
     """Data does not match its manifest (size or sha256)."""
+
+
+class MissingFilesError(IntegrityError):
+    """Files an upload reported stored are not in the store with their size: the manifest
+    was not written, and those files are sent again."""
+
+    def __init__(self, tag: str, paths: list[str], where: str = "") -> None:
+        self.tag = tag
+        self.paths = paths
+        """The relative paths missing, or stored with another size."""
+        shown = ", ".join(repr(p) for p in paths[:5]) + (", ..." if len(paths) > 5 else "")
+        at = f" in {where}" if where else ""
+        super().__init__(
+            f"{tag}: {len(paths)} file(s) reported stored are not{at} with their size "
+            f"({shown}); the manifest was not written"
+        )
 
 
 class JournalError(TraindError):

@@ -13,7 +13,7 @@ from tests.support.daemon import write_config
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
-from traind.storage import Storage
+from traind.protocol import CheckpointStore
 
 OLD_JOURNAL_SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -124,7 +124,7 @@ def run_in(tmp_path: Path) -> RunIdentity:
     return RunIdentity("r", tmp_path / "out", "memory:")
 
 
-async def commit_through_streamer(tmp_path: Path, store: Storage, step: int) -> Journal:
+async def commit_through_streamer(tmp_path: Path, store: CheckpointStore, step: int) -> Journal:
     """Write checkpoint-``step`` in tmp_path/out and commit it as the daemon would."""
     journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     streamer = Streamer("r", tmp_path / "state", store, journal)

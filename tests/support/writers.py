@@ -19,7 +19,8 @@ from traind.checkpoints.restore import restore
 from traind.checkpoints.streamer import Streamer
 from traind.errors import ClaimHeldError, ConflictError, TransientStorageError
 from traind.layout.manifest import Manifest, Writer
-from traind.storage import LocalFile, Storage
+from traind.protocol import CheckpointStore
+from traind.storage import LocalFile
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Side:
         return sorted(t for t, o in self.outcome.items() if isinstance(o, ConflictError))
 
 
-async def side(tmp_path: Path, name: str, store: Storage, steps: int,
+async def side(tmp_path: Path, name: str, store: CheckpointStore, steps: int,
                size: int = 96 * 1024, claim_ttl: float = 600.0) -> Side:
     """Writer ``name`` (its own state_dir and output_dir under tmp_path/name) with
     checkpoint-1..``steps`` written (one file ``<name>-only.bin`` more), staged and ready."""
@@ -62,7 +63,7 @@ async def side(tmp_path: Path, name: str, store: Storage, steps: int,
     return made
 
 
-async def race(tmp_path: Path, stores: tuple[Storage, Storage], steps: int = 3,
+async def race(tmp_path: Path, stores: tuple[CheckpointStore, CheckpointStore], steps: int = 3,
                wait_held: float = 60.0) -> list[Side]:
     """Writers ``a`` and ``b`` (one store object each) commit checkpoint-1..``steps``,
     each tag by both at once; return both sides (journals closed by ``close``). A tag
@@ -96,7 +97,7 @@ async def race(tmp_path: Path, stores: tuple[Storage, Storage], steps: int = 3,
     return sides
 
 
-async def check_one_writer_each(sides: list[Side], store: Storage, tmp_path: Path) -> None:
+async def check_one_writer_each(sides: list[Side], store: CheckpointStore, tmp_path: Path) -> None:
     """Every tag is exactly one side's, whole: its manifest names that writer, holds that
     side's hashes and restores verified; the other side was told, journals the conflict
     and keeps its output_dir and staging snapshot."""
@@ -135,7 +136,7 @@ def close(sides: list[Side]) -> None:
         side.journal.close()
 
 
-async def dead_writer(tmp_path: Path, store: Storage, tag: str = "checkpoint-1") -> Side:
+async def dead_writer(tmp_path: Path, store: CheckpointStore, tag: str = "checkpoint-1") -> Side:
     """A writer that claimed ``tag`` and uploaded every file of it, then died before its
     manifest (a preempted host): its claim is never renewed again."""
     dead = await side(tmp_path, "dead", store, steps=1)
@@ -157,7 +158,7 @@ async def commit_when_stale(who: Side, tag: str, within: float = 60.0) -> Manife
                 await asyncio.sleep(0.2)
 
 
-async def check_own_bytes(who: Side, store: Storage, tag: str, tmp_path: Path) -> None:
+async def check_own_bytes(who: Side, store: CheckpointStore, tag: str, tmp_path: Path) -> None:
     """``tag`` is committed by ``who``, its manifest holds ``who``'s bytes only, and a
     restore of it verifies and equals them."""
     by_tag = {m.tag: m for m in await store.manifests()}
@@ -169,7 +170,7 @@ async def check_own_bytes(who: Side, store: Storage, tag: str, tmp_path: Path) -
     assert got == who.written[tag]
 
 
-async def race_for_stale_claim(tmp_path: Path, store: Callable[[], Storage],
+async def race_for_stale_claim(tmp_path: Path, store: Callable[[], CheckpointStore],
                                tag: str = "checkpoint-1") -> None:
     """A writer dies mid-upload of ``tag``; two writers (each with a store of its own from
     ``store``) meet its stale claim at once: exactly one takes it over and commits its own

@@ -21,7 +21,7 @@ from traind.errors import IntegrityError
 from traind.layout.keys import AGREEMENT_DIR
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.nodes import NodeRank
-from traind.storage.local import LocalBackend
+from traind.protocol import CheckpointStore, open_storage
 
 TAG = "checkpoint-2"
 BYTES = {".metadata": b"meta", "__0_0.distcp": b"rank zero", "__1_0.distcp": b"rank one"}
@@ -45,8 +45,8 @@ def committed(root: Path, tag: str, files: dict[str, bytes]) -> Manifest:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> LocalBackend:
-    return LocalBackend(LocalStorage(path=tmp_path / "store"), "exp")
+def store(tmp_path: Path) -> CheckpointStore:
+    return open_storage(LocalStorage(path=tmp_path / "store"), "exp")
 
 
 async def until(check: Callable[[], bool], within: float = 10.0) -> None:
@@ -68,7 +68,7 @@ def host(rank: int, nodes: int = 2) -> JointResume:
 
 
 async def test_make_whole_fetches_what_is_lacking_into_new_inodes(
-    tmp_path: Path, store: LocalBackend
+    tmp_path: Path, store: CheckpointStore
 ) -> None:
     """Node 1 holds its own file, and a .metadata of other bytes hard-linked into staging:
     the missing file and the differing one are fetched; the differing one takes a new
@@ -92,7 +92,7 @@ async def test_make_whole_fetches_what_is_lacking_into_new_inodes(
 
 
 async def test_make_whole_restores_a_directory_that_is_not_there(
-    tmp_path: Path, store: LocalBackend
+    tmp_path: Path, store: CheckpointStore
 ) -> None:
     """A wiped host gets the whole union, every file."""
     manifest = committed(tmp_path / "store", TAG, BYTES)
@@ -102,7 +102,7 @@ async def test_make_whole_restores_a_directory_that_is_not_there(
 
 
 async def test_make_whole_never_uses_bytes_that_do_not_match(
-    tmp_path: Path, store: LocalBackend
+    tmp_path: Path, store: CheckpointStore
 ) -> None:
     """A stored file whose bytes are not the manifest's fails the start (IntegrityError):
     nothing of it lands in output_dir, the host's own files stay as they were."""
@@ -118,14 +118,14 @@ async def test_make_whole_never_uses_bytes_that_do_not_match(
 
 
 async def test_hosts_asking_at_different_moments_get_one_decision(
-    tmp_path: Path, store: LocalBackend
+    tmp_path: Path, store: CheckpointStore
 ) -> None:
     """Node 1 asks while checkpoint-3 is the newest committed; checkpoint-4 is committed
     before node 0 asks: both start from checkpoint-4, by one decision."""
     committed(tmp_path / "store", "checkpoint-3", BYTES)
     one = asyncio.create_task(host(1).agree(store))
-    request = tmp_path / "store" / "exp" / AGREEMENT_DIR / "start-1.json"
-    await until(request.exists)
+    requests = tmp_path / "store" / "exp" / AGREEMENT_DIR
+    await until(lambda: any(requests.glob("start-1-*")))
     committed(tmp_path / "store", "checkpoint-4", BYTES)
     async with asyncio.timeout(10):
         zero, first = await asyncio.gather(host(0).agree(store), one)
@@ -135,7 +135,7 @@ async def test_hosts_asking_at_different_moments_get_one_decision(
 
 
 async def test_a_host_asking_again_waits_for_every_other_host(
-    tmp_path: Path, store: LocalBackend
+    tmp_path: Path, store: CheckpointStore
 ) -> None:
     """After a decision, node 0 asking again is not answered by it: it waits, naming node 1
     as missing, until node 1 asks too; then both get round 2."""
@@ -153,23 +153,23 @@ async def test_a_host_asking_again_waits_for_every_other_host(
 
 
 async def test_a_cancelled_wait_withdraws_its_request(
-    tmp_path: Path, store: LocalBackend
+    tmp_path: Path, store: CheckpointStore
 ) -> None:
     """A host stopped while it waits removes its start request, so node 0 never counts a
     host that is gone."""
     one = host(1)
     waiting = asyncio.create_task(one.agree(store))
-    request = tmp_path / "store" / "exp" / AGREEMENT_DIR / "start-1.json"
-    await until(request.exists)
+    requests = tmp_path / "store" / "exp" / AGREEMENT_DIR
+    await until(lambda: any(requests.glob("start-1-*")))
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert not request.exists()
+    assert not any(requests.glob("start-1-*"))
     assert await store.start_requests() == {}
 
 
 async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
-    tmp_path: Path, store: LocalBackend
+    tmp_path: Path, store: CheckpointStore
 ) -> None:
     """Node 1's daemon stops while it waits, just after node 0 decided for both: its next
     daemon asks with the same nonce (kept in state_dir) and starts on that decision at once
@@ -201,7 +201,7 @@ async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
 
 
 async def test_a_ticket_nonce_unfit_for_a_key_is_not_reused(
-    tmp_path: Path, store: LocalBackend
+    tmp_path: Path, store: CheckpointStore
 ) -> None:
     """An unanswered ticket whose nonce is not letters and digits (an edited file) is not
     asked with again (S3 puts the nonce in a key): the request gets a fresh nonce."""

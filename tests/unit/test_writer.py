@@ -12,7 +12,7 @@ import pytest
 from traind.checkpoints.writer import WRITER_ID_FILE, load_or_create
 from traind.errors import ClaimHeldError, ConflictError, TraindError
 from traind.layout.manifest import Manifest, Writer
-from traind.storage.claim import Lease, check_claim, check_committed, check_held, check_lease
+from traind.protocol.lease import Lease, check_claim, check_committed, check_held, check_lease
 
 A = Writer("a" * 32, "host-a")
 B = Writer("b" * 32, "host-b")

@@ -22,7 +22,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.restore import identity
 from traind.errors import IntegrityError
 from traind.layout.manifest import Manifest, mismatch
-from traind.storage import Storage
+from traind.protocol import CheckpointStore
 
 log = structlog.get_logger("traind.check")
 
@@ -40,7 +40,7 @@ class Report:
         return not self.problems
 
 
-async def check(storage: Storage, manifest: Manifest, scratch: Path) -> Report:
+async def check(storage: CheckpointStore, manifest: Manifest, scratch: Path) -> Report:
     """Read every file of ``manifest`` back from ``storage`` (in a temporary directory under
     ``scratch``) and report each one missing or not matching. A store that fails otherwise
     (down, access denied) raises: that says nothing about the checkpoint."""
@@ -70,7 +70,7 @@ async def remember(journal: Journal, report: Report) -> None:
         await journal.record_corrupt(*key, "; ".join(report.problems))
 
 
-async def _check_file(storage: Storage, one: Manifest, scratch: Path) -> str | None:
+async def _check_file(storage: CheckpointStore, one: Manifest, scratch: Path) -> str | None:
     """The problem with the single file of ``one``, if any."""
     (entry,) = one.files
     tmp = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix=".traind-verify-", dir=scratch))

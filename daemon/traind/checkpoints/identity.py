@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traind.config import Settings
-from traind.storage import Storage
+from traind.protocol import CheckpointStore
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class RunIdentity:
     store: str
 
     @classmethod
-    def of(cls, settings: Settings, storage: Storage) -> RunIdentity:
+    def of(cls, settings: Settings, storage: CheckpointStore) -> RunIdentity:
         """The run ``settings`` describe, storing to ``storage``."""
         output_dir = Path(os.path.realpath(settings.run.output_dir))
         return cls(settings.run.name, output_dir, storage.describe)

@@ -28,7 +28,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.whole import make_whole
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.nodes import NodeRank
-from traind.storage.base import AgreementStore, PartStore, Storage
+from traind.protocol import CheckpointStore
 from traind.storage.fileio import fsync_dir
 
 log = structlog.get_logger("traind.joint")
@@ -79,7 +79,7 @@ class JointResume:
         """While this host waits for the others: what it waits for (``traind status``)."""
 
     async def resume_point(
-        self, storage: Storage, journal: Journal, output_dir: Path,
+        self, storage: CheckpointStore, journal: Journal, output_dir: Path,
         restoring: Callable[[str], None],
     ) -> Path | None:
         """The agreed checkpoint as a whole local directory, or None (from scratch).
@@ -92,7 +92,7 @@ class JointResume:
         if decision.tag is None:
             await self._answered(decision)
             return None
-        manifest = await _parts(storage).committed(decision.tag)
+        manifest = await storage.committed(decision.tag)
         if manifest is None:
             await self._answered(decision)
             raise TraindError(f"{decision.tag}, the agreed resume point, is no longer in "
@@ -123,11 +123,11 @@ class JointResume:
             await asyncio.sleep(doubling(n, *self._poll))
             n += 1
 
-    async def agree(self, storage: Storage) -> Decision:
+    async def agree(self, storage: CheckpointStore) -> Decision:
         """Store a start request in ``storage`` and wait until a decision covers it; on
         cancellation the request is withdrawn. The nonce is fresh, unless this host's last
         request was never used for a start (its daemon stopped while it waited)."""
-        store = _agreement(storage)
+        store = storage
         rank = self._node.rank
         nonce = await asyncio.to_thread(_unanswered, self._ticket) or uuid.uuid4().hex
         await asyncio.to_thread(_keep, self._ticket, nonce, False)
@@ -138,7 +138,7 @@ class JointResume:
         try:
             n = 0
             while (decision := covers(
-                    await self._retrying(lambda: self._board_now(storage, store)),
+                    await self._retrying(lambda: self._board_now(store)),
                     rank, nonce)) is None:
                 await asyncio.sleep(doubling(n, *self._poll))
                 n += 1
@@ -158,11 +158,11 @@ class JointResume:
         """This host's trainer starts on ``decision``: its next start asks anew."""
         await asyncio.to_thread(_keep, self._ticket, decision.nonces[self._node.rank], True)
 
-    async def _board_now(self, storage: Storage, store: AgreementStore) -> Board | None:
+    async def _board_now(self, store: CheckpointStore) -> Board | None:
         """The board as this host's poll sees it: node 0 counts the requests and writes a
         changed board; the others read it. The wait is logged whenever what it waits for
         changes."""
-        board = await (self._count(storage, store) if self._node.rank == 0
+        board = await (self._count(store) if self._node.rank == 0
                        else self._fetch(store))
         waiting = self.waiting
         if waiting is None or covers(board, waiting.node_rank, waiting.nonce) is not None:
@@ -177,11 +177,11 @@ class JointResume:
         return board
 
     @staticmethod
-    async def _fetch(store: AgreementStore) -> Board | None:
+    async def _fetch(store: CheckpointStore) -> Board | None:
         data = await store.read_board()
         return None if data is None else Board.from_json(data)
 
-    async def _count(self, storage: Storage, store: AgreementStore) -> Board:
+    async def _count(self, store: CheckpointStore) -> Board:
         """Node 0's poll: one listing of the requests; a decision when none is missing."""
         if not self._read:
             try:
@@ -191,7 +191,7 @@ class JointResume:
             self._read = True
         board = tally(self._node.nodes, self._board, await store.start_requests())
         if not board.missing:
-            manifests = await storage.manifests()
+            manifests = await store.manifests()
             board = decide(board, [Committed(m.tag, m.step, m.created_at) for m in manifests],
                            time.time())
         if board != self._board:
@@ -213,20 +213,6 @@ class JointResume:
                 n += 1
 
 
-def _parts(storage: Storage) -> PartStore:
-    if not isinstance(storage, PartStore):
-        raise TraindError(_UNABLE.format(storage.describe))
-    return storage
-
-
-def _agreement(storage: Storage) -> AgreementStore:
-    if not isinstance(storage, AgreementStore):
-        raise TraindError(_UNABLE.format(storage.describe))
-    return storage
-
-
-_UNABLE = ("{} cannot agree on the resume point of a multi-node job (run.nodes > 1 with "
-           "[trainer] needs storage.type = \"local\", \"s3\" or \"ssh\")")
 
 
 def _unanswered(ticket: Path | None) -> str | None:

@@ -417,6 +417,13 @@ class Journal:
             await self._write(batch.ops)
             batch.written = True
 
+    async def files_lost(self, tag: str, paths: Sequence[str]) -> None:
+        """Record that ``paths`` of ``tag``, reported stored, are not in the store after all
+        (the commit's check found them missing): the next upload sends them again."""
+        await self._write([
+            ("UPDATE files SET sha256 = NULL WHERE run = ? AND tag = ? AND path = ?",
+             (self._key, tag, path)) for path in paths])
+
     async def load_resume(self, tag: str, path: str) -> str | None:
         """Opaque resume state a backend saved for one file."""
         rows = await self._run(

@@ -25,7 +25,7 @@ from traind.checkpoints.retention import (
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import candidates
 from traind.config import RetentionConfig
-from traind.storage import PartStore, Storage
+from traind.protocol import CheckpointStore
 
 log = structlog.get_logger("traind.retention")
 
@@ -39,7 +39,7 @@ class PrunePlan:
 
 
 async def plan(
-    storage: Storage,
+    storage: CheckpointStore,
     journal: Journal,
     policy: RetentionConfig,
     output_dir: Path,
@@ -80,7 +80,7 @@ async def plan(
     return PrunePlan(remote, local)
 
 
-async def delete(storage: Storage, journal: Journal, tag: str) -> None:
+async def delete(storage: CheckpointStore, journal: Journal, tag: str) -> None:
     """Delete ``tag`` from the store. A backend deletes the manifest first, then the files;
     the journal's ``pruning`` state lets the next prune finish the job after a daemon was
     killed in between, instead of leaving files without a manifest in the store forever."""
@@ -92,7 +92,7 @@ async def delete(storage: Storage, journal: Journal, tag: str) -> None:
         await journal.set_state(tag, "pruned")
 
 
-async def _finish_deletes(storage: Storage, journal: Journal) -> None:
+async def _finish_deletes(storage: CheckpointStore, journal: Journal) -> None:
     """Complete the deletes that a killed daemon left half-done (see ``delete``)."""
     for entry in await journal.entries("pruning"):
         await delete(storage, journal, entry.tag)
@@ -101,7 +101,7 @@ async def _finish_deletes(storage: Storage, journal: Journal) -> None:
 
 
 async def prune(
-    storage: Storage,
+    storage: CheckpointStore,
     journal: Journal,
     policy: RetentionConfig,
     output_dir: Path,
@@ -133,8 +133,6 @@ async def give_up_stranded(streamer: Streamer, nodes: int, part_timeout: float) 
     host's own snapshot of it (the other hosts find their part gone); each one is an error
     event. Return those given up."""
     store = streamer.storage
-    if not isinstance(store, PartStore):
-        return []
     given_up = []
     for lost in stranded(await store.uncommitted(), nodes, time.time(), part_timeout):
         if lost.tag == streamer.in_flight:

@@ -7,6 +7,7 @@ manual push is verified and journalled exactly like one the daemon found itself.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,11 +17,16 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, parse_step
 from traind.config import Settings
-from traind.errors import TraindError
+from traind.errors import ContendedError, TraindError
 from traind.layout.keys import check_tag
 from traind.layout.manifest import Manifest
 from traind.progress import Progress, shown
-from traind.storage import Storage, open_storage
+from traind.protocol import CheckpointStore, open_storage
+from traind.retry import Backoff, retrying
+
+PUSH_CONTENDED = Backoff(0.5, 4.0, jitter=1.0)
+PUSH_ATTEMPTS = 4
+"""A push whose claim collided this often (each a dozen listed attempts) gives up, saying so."""
 
 
 @dataclass(frozen=True)
@@ -73,10 +79,21 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
         files = await journal.files(tag)
         total = sum(f.size for f in files)
         async with shown(Progress(total), f"push {tag}") as progress:
-            return await streamer.commit(tag, progress)
+            return await _contended(tag, lambda: streamer.commit(tag, progress))
     finally:
         await storage.aclose()
         journal.close()
+
+
+async def _contended(tag: str, commit: Callable[[], Awaitable[Manifest]]) -> Manifest:
+    """``commit()``, tried again while another writer's claim collides with ours (a store
+    without atomic creates, the same instant); TraindError saying so when it never stops."""
+    try:
+        return await retrying(commit, PUSH_CONTENDED, PUSH_ATTEMPTS - 1,
+                              is_transient=lambda exc: isinstance(exc, ContendedError))
+    except ContendedError as exc:
+        raise TraindError(f"{exc}; {tag} was tried {PUSH_ATTEMPTS} times and is not stored: "
+                          "push again, or let the other writer store it") from exc
 
 
 def _tag_and_step(source: Path, tag: str | None) -> tuple[str, int]:
@@ -90,9 +107,9 @@ def _tag_and_step(source: Path, tag: str | None) -> tuple[str, int]:
     return tag, step
 
 
-async def _refuse_committed(storage: Storage, tag: str) -> None:
+async def _refuse_committed(storage: CheckpointStore, tag: str) -> None:
     """TraindError when ``tag`` is already committed: a push never replaces a checkpoint."""
-    if any(m.tag == tag for m in await storage.manifests()):
+    if await storage.committed(tag) is not None:
         raise TraindError(
             f"{tag} is already committed in {storage.describe}; a push never replaces a "
             "committed checkpoint: pass --tag to commit this one under another name"

@@ -21,7 +21,7 @@ from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import candidates, tag_problem
 from traind.config import CheckpointsConfig
 from traind.layout.manifest import Manifest
-from traind.storage import Storage
+from traind.protocol import CheckpointStore
 
 log = structlog.get_logger("traind.recovery")
 
@@ -37,7 +37,7 @@ def local_checkpoints(output_dir: Path, config: CheckpointsConfig) -> dict[str, 
 
 
 async def restore_if_fresh(
-    storage: Storage,
+    storage: CheckpointStore,
     journal: Journal,
     manifests: list[Manifest],
     output_dir: Path,
@@ -137,7 +137,7 @@ async def reconcile(
 
 
 async def resume_point(
-    storage: Storage, journal: Journal, output_dir: Path, config: CheckpointsConfig
+    storage: CheckpointStore, journal: Journal, output_dir: Path, config: CheckpointsConfig
 ) -> Path | None:
     """The newest complete checkpoint as a local directory the trainer can resume from;
     None before the first.

@@ -25,7 +25,7 @@ from traind.checkpoints.journal import Journal
 from traind.errors import IntegrityError, NotFoundError, StorageError
 from traind.layout.manifest import Manifest, verify
 from traind.progress import Progress
-from traind.storage import Storage
+from traind.protocol import CheckpointStore
 from traind.storage.fileio import fsync_dir
 
 log = structlog.get_logger("traind.restore")
@@ -36,7 +36,7 @@ def newest(manifests: list[Manifest]) -> Manifest | None:
     return max(manifests, key=lambda m: (m.step, m.created_at), default=None)
 
 
-async def find(storage: Storage, tag: str) -> Manifest:
+async def find(storage: CheckpointStore, tag: str) -> Manifest:
     """The manifest for ``tag``, or for the newest checkpoint when ``tag`` is ``latest``."""
     manifests = await storage.manifests()
     if tag == "latest":
@@ -56,7 +56,7 @@ def identity(manifest: Manifest) -> str:
 
 
 async def restore_verified(
-    storage: Storage,
+    storage: CheckpointStore,
     manifest: Manifest,
     parent: Path,
     journal: Journal | None,
@@ -85,7 +85,7 @@ async def restore_verified(
 
 
 async def restore_newest(
-    storage: Storage,
+    storage: CheckpointStore,
     manifests: list[Manifest],
     parent: Path,
     journal: Journal | None,
@@ -100,7 +100,7 @@ async def restore_newest(
 
 
 async def restore(
-    storage: Storage, manifest: Manifest, parent: Path, progress: Progress | None = None
+    storage: CheckpointStore, manifest: Manifest, parent: Path, progress: Progress | None = None
 ) -> Path:
     """Restore ``manifest`` as ``parent/<tag>`` and return that path."""
     dest = parent / manifest.tag
@@ -123,7 +123,7 @@ async def restore(
 
 @contextlib.asynccontextmanager
 async def fetched(
-    storage: Storage, manifest: Manifest, parent: Path, progress: Progress
+    storage: CheckpointStore, manifest: Manifest, parent: Path, progress: Progress
 ) -> AsyncIterator[Path]:
     """Download ``manifest``'s files into a locked temporary directory in ``parent`` and
     yield it, every file verified and durable; whatever is left in it is removed after."""

@@ -25,6 +25,7 @@ from traind.checkpoints.watcher import StageResult, parse_step
 from traind.errors import (
     ClaimHeldError,
     ConflictError,
+    MissingFilesError,
     StorageError,
     TraindError,
     TransientStorageError,
@@ -33,15 +34,19 @@ from traind.layout.manifest import FileEntry, Manifest, Writer, read_trainer_fac
 from traind.layout.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.nodes import NodeRank
 from traind.progress import Progress, shown
+from traind.protocol import CheckpointStore
+from traind.protocol.lease import Lease
 from traind.retry import Backoff
-from traind.storage import LocalFile, PartStore, Storage
-from traind.storage.claim import Lease
+from traind.storage import LocalFile
 from traind.storage.fileio import hash_file
 from traind.storage.tasks import task_group
 
 log = structlog.get_logger("traind.streamer")
 PARTS_BACKOFF = Backoff(0.5, 10.0)
 """How often a part stored while other hosts' parts are missing looks at them again."""
+RETRY_JITTER = 0.5
+"""A failed upload is tried again after a pause drawn from the upper half of its backoff:
+two writers that failed together (a contended claim) do not try again together."""
 CLAIM_CHECK_EVERY = 1.0
 """Seconds between checks, as files finish, that this writer still holds the tag."""
 
@@ -58,7 +63,7 @@ class Streamer:
         self,
         run: str,
         state_dir: Path,
-        storage: Storage,
+        storage: CheckpointStore,
         journal: Journal,
         on_commit: OnCommit | None = None,
         retry_initial: float = 1.0,
@@ -83,7 +88,7 @@ class Streamer:
         self._failures: dict[str, int] = {}
         self.stage_errors: dict[str, str] = {}
         """Why the last attempt to snapshot a tag failed (until one succeeds)."""
-        self._retry = Backoff(retry_initial, retry_max)
+        self._retry = Backoff(retry_initial, retry_max, jitter=RETRY_JITTER)
         self.current: tuple[str, Progress] | None = None
         self.on_sent: Callable[[int], None] | None = None
         """Told the bytes of every chunk an upload reports sent (from worker threads too)."""
@@ -202,6 +207,9 @@ class Streamer:
                 except PartsDisagreeError as exc:
                     await self._parts_disagree(tag, exc)
                     self._pending.discard(tag)  # never retried: the parts cannot be one whole
+                except MissingFilesError as exc:
+                    await self._journal.files_lost(tag, exc.paths)
+                    again = self._retry_later(tag, exc)  # still pending: sent again
                 except ConflictError:
                     self.held.pop(tag, None)
                     self._failures.pop(tag, None)
@@ -392,7 +400,7 @@ class Streamer:
             self._writer = await asyncio.to_thread(writer.load_or_create, self._state_dir)
         return self._writer
 
-    async def replace_storage(self, new: Storage) -> Storage:
+    async def replace_storage(self, new: CheckpointStore) -> CheckpointStore:
         """Send everything from now on to ``new``; return the old backend.
 
         An upload in flight finishes on the old backend first (this waits for it); a
@@ -506,7 +514,7 @@ class Streamer:
             await self.storage.commit(manifest)
         return await self._finish(tag, entry.step, manifest, progress, started)
 
-    async def _commit_part(self, tag: str, step: int, ours: Writer, parts: PartStore,
+    async def _commit_part(self, tag: str, step: int, ours: Writer, parts: CheckpointStore,
                            progress: Progress | None, started: float) -> Manifest:
         """With nodes > 1: claim this node's part of ``tag``, send it, store its part
         manifest and commit the union once every part is in (PartsPendingError until
@@ -570,7 +578,8 @@ class Streamer:
         return check
 
     async def _upload(self, tag: str, step: int, ours: Writer, progress: Progress | None,
-                      fresh: bool, parts: PartStore | None = None) -> tuple[Manifest, Progress]:
+                      fresh: bool, parts: CheckpointStore | None = None,
+                      ) -> tuple[Manifest, Progress]:
         """Send what of ``tag`` is not stored yet (all of it when ``fresh``), as this node's
         part when ``parts`` is given; return its manifest, files and progress."""
         root = self.staging / tag
@@ -607,17 +616,11 @@ class Streamer:
         )
         return manifest, progress
 
-    def _part_store(self) -> PartStore | None:
-        """The store as a PartStore when this host is one of several, else None."""
-        if self._node is None:
-            return None
-        if not isinstance(self.storage, PartStore):
-            raise StorageError(f"{self.storage.describe} cannot store parts of a multi-node "
-                               "checkpoint (run.nodes > 1 needs storage.type = \"local\", "
-                               "\"s3\" or \"ssh\")")
-        return self.storage
+    def _part_store(self) -> CheckpointStore | None:
+        """The store, when this host is one of several (its checkpoints are parts), else None."""
+        return None if self._node is None else self.storage
 
-    async def _commit_union(self, store: PartStore, mine: Manifest) -> Manifest:
+    async def _commit_union(self, store: CheckpointStore, mine: Manifest) -> Manifest:
         """Store this host's part of ``mine.tag``, then commit the union when every part is
         in (whichever host's part lands last commits; the others' commits find the same
         files committed); raise PartsPendingError while some are missing."""

@@ -19,13 +19,14 @@ import structlog
 from traind.checkpoints.restore import fetched, restore
 from traind.layout.manifest import FileEntry, Manifest
 from traind.progress import Progress
-from traind.storage.base import Storage
+from traind.protocol import CheckpointStore
 from traind.storage.fileio import fsync_dir, hash_file
 
 log = structlog.get_logger("traind.whole")
 
 
-async def make_whole(storage: Storage, manifest: Manifest, parent: Path) -> tuple[Path, int]:
+async def make_whole(storage: CheckpointStore, manifest: Manifest,
+                     parent: Path) -> tuple[Path, int]:
     """``parent/<tag>`` holding every file of ``manifest`` with its bytes; return it and
     how many files were fetched. Missing altogether, it is restored."""
     dest = parent / manifest.tag

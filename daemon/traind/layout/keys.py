@@ -63,6 +63,18 @@ def check_relpath(rel: str) -> str:
     return rel
 
 
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a safe store key under a run's root: like ``check_relpath``
+    but traind's own names allowed (the stores' last guard: a key never leaves the root)."""
+    if not key or key.startswith("/"):
+        raise UnsafePathError(f"unsafe store key {key!r}: must be relative and non-empty")
+    for part in key.split("/"):
+        if part in {"", ".", ".."} or not part.isprintable():
+            raise UnsafePathError(f"unsafe store key {key!r}: empty, '.', '..' or control "
+                                  "characters in a component")
+    return key
+
+
 def reserved(rel: str) -> bool:
     """Whether ``rel`` is a name traind stores beside a checkpoint's files (its manifest,
     a claim, a part manifest), so no checkpoint file may have it."""

@@ -1,11 +1,12 @@
-"""Storage backends behind one small Protocol: what callers use is exported here.
+"""The store interface and its stores: what callers use is exported here.
 
-``base.py`` holds the Protocol, ``factory.py`` builds the configured backend (importing its
-libraries only then); ``local.py``, ``s3/`` and ``ssh/`` are the backends, ``memory.py`` the
-in-memory double for tests.
+``base.py`` holds the interface (a few primitives), ``factory.py`` builds the configured
+store (importing its libraries only then); ``local.py``, ``s3/`` and ``ssh/`` are the stores,
+``memory.py`` the in-memory one for tests. The checkpoint protocol above them is
+``traind.protocol``.
 """
 
-from traind.storage.base import Advance, LocalFile, PartStore, Storage, UploadSession
-from traind.storage.factory import open_storage
+from traind.storage.base import Advance, LocalFile, ObjectStore, UploadSession
+from traind.storage.factory import open_objects
 
-__all__ = ["Advance", "LocalFile", "PartStore", "Storage", "UploadSession", "open_storage"]
+__all__ = ["Advance", "LocalFile", "ObjectStore", "UploadSession", "open_objects"]

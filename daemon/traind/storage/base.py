@@ -1,24 +1,22 @@
-"""The storage Protocol every backend implements, and the upload session it is handed.
+"""The store interface: the few primitives every backend implements, nothing more.
 
-A backend stores files under ``<prefix>/<run>/<tag>/<path>`` and the manifest at
-``<prefix>/<run>/<tag>/traind-manifest.json``. A checkpoint exists only when its manifest
-does: ``manifests()`` lists manifests only, ``delete()`` removes the manifest first. A tag
-belongs to one writer: ``claim()`` takes it (``traind-writer.json``) before any data goes
-out, with the store's atomic create, and ``delete()`` removes the claim last. The claim is
-a lease its writer renews while uploading; a stale one (its writer died) is taken over.
+Modelled on Apache Arrow's ``object_store``: ``put`` with a mode (overwrite, create-only,
+replace-if-version), ``get`` whole or by range, ``head``, ``list`` by prefix, ``delete``,
+plus the bulk ``send``/``fetch`` of checkpoint files that each backend does its fastest
+way. Keys are relative to the run's root (``<tag>/<path>``); the backend maps them onto its
+``<prefix>/<run>/``. Claims, leases, commits, parts and the resume agreement are written
+once above this, in ``traind.protocol``; ``Capabilities`` says which guarantees the
+protocol may lean on and which it must make up for.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
-
-from traind.layout.manifest import Manifest, Writer
-from traind.layout.parts import Part
-from traind.storage.claim import Lease
+from typing import Literal, Protocol
 
 Advance = Callable[[int], None]
 """Progress callback: called with the number of bytes just moved (thread-safe, cheap)."""
@@ -78,134 +76,126 @@ class UploadSession(Protocol):
     async def save_state(self, path: str, state: str) -> None: ...
 
 
-class Storage(Protocol):
-    """A checkpoint store. Implementations: local.py, s3.py, ssh.py, memory.py."""
+@dataclass(frozen=True)
+class PutMode:
+    """How ``put`` treats an object already at the key: ``overwrite`` it; ``create`` only
+    when there is none; ``update`` only while it still has ``version`` (compare-and-swap)."""
+
+    kind: Literal["overwrite", "create", "update"]
+    version: str | None = None
+
+
+OVERWRITE = PutMode("overwrite")
+CREATE = PutMode("create")
+
+
+def update(version: str) -> PutMode:
+    """The mode that replaces an object only while it is still at ``version``."""
+    return PutMode("update", version)
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A small object as read: its bytes and the version ``update`` compares against."""
+
+    data: bytes
+    version: str
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """One listed object: its key (relative to the run's root), size and, where the store
+    says, when it was last written (seconds since the epoch)."""
+
+    key: str
+    size: int
+    modified: float | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the store guarantees (OpenDAL's capability flags): ``create`` — a create-only
+    put lets exactly one of two racing writers through; ``update`` — a replace-if-version put
+    is an atomic compare-and-swap. Where a flag is False the put is still made, as a read
+    then a write, and the protocol makes up for it (claims by listing, see
+    ``protocol/listed.py``)."""
+
+    create: bool
+    update: bool
+    claim: str
+    """How a tag stays one writer's on this store, in a sentence (``traind check-config``)."""
+
+
+class ObjectStore(Protocol):
+    """A store of objects under one run's root: local, S3, SSH, memory."""
 
     @property
     def describe(self) -> str:
-        """A short, secret-free identity such as ``s3://bucket/prefix`` (logs, journal)."""
+        """A short, secret-free identity such as ``s3://bucket/prefix/run/`` (logs, journal)."""
         ...
 
-    async def upload(
-        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    def where(self, key: str) -> str:
+        """Where ``key`` is, for a message (``s3://bucket/prefix/run/<key>``, a path)."""
+        ...
+
+    async def capabilities(self) -> Capabilities:
+        """What this store guarantees (found on first need, then remembered)."""
+        ...
+
+    async def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> bool:
+        """Store the small object ``data`` at ``key`` whole (never half-written); return
+        False when ``mode`` refused it: ``create`` found an object there, ``update`` found
+        another version or none."""
+        ...
+
+    async def get(self, key: str) -> Blob | None:
+        """The small object at ``key`` with its version, None when there is none."""
+        ...
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` (exclusive) of the object at ``key``; fewer at its
+        end. A missing object is a StorageError whose ``missing`` is true."""
+        ...
+
+    async def head(self, key: str) -> ObjectMeta | None:
+        """The object at ``key`` as listed, None when there is none."""
+        ...
+
+    async def list(self, prefix: str) -> list[ObjectMeta]:
+        """Every object whose key starts with ``prefix`` (a ``<tag>/`` or a name's start),
+        at any depth, in no particular order; nothing when there is none."""
+        ...
+
+    async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """The names of the "directories" directly under ``prefix`` (``""``: the run's
+        tags and reserved directories), sorted."""
+        ...
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        """Remove ``keys`` (batched where the store can); missing ones are no error."""
+
+    async def send(
+        self, prefix: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:
-        """Store ``files`` (relative to ``root``) under ``tag``, sha256 computed while reading."""
+        """Store ``files`` (relative to ``root``) at ``prefix + path``, the store's fastest
+        way (S3 multipart, one rsync run, parallel SFTP), sha256 computed while reading;
+        ``session.file_done`` as each file is durably in place."""
 
-    async def claim(self, tag: str, writer: Writer) -> None:
-        """Take ``tag`` for ``writer`` before any of its data goes out, atomically: of two
-        writers racing, one gets it. Held (or committed) by ``writer`` already: nothing to
-        do; by another writer: raise ConflictError."""
-
-    async def renew(self, tag: str, writer: Writer) -> None:
-        """Renew ``writer``'s claim on ``tag`` (a lease, see storage/claim.py): the holder
-        does so while it uploads. Raise ConflictError when it is not ``writer``'s any more
-        (taken over as stale, or removed): this writer lost the tag."""
-
-    async def release(self, tag: str, writer: Writer) -> None:
-        """Mark ``writer``'s claim on ``tag`` stale at once (a shutdown that could not commit
-        it), so the next writer takes it over without waiting; another's is left alone."""
-
-    async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
-        """Remove the stale claim ``stale`` on ``tag`` and every object of its uncommitted
-        upload, for ``writer`` to claim next; return False when another writer is taking it
-        over (an atomic create of ``stale.marker`` lets one through) or it was renewed."""
-
-    async def commit(self, manifest: Manifest) -> None:
-        """Write the manifest, never over one already there (unless its writer is this
-        manifest's, a retried commit): after this the checkpoint exists."""
-
-    async def manifests(self) -> list[Manifest]:
-        """Every committed checkpoint of this run, in no particular order."""
+    async def fetch(
+        self, prefix: str, files: Sequence[LocalFile], dest: Path, advance: Advance
+    ) -> dict[str, str]:
+        """Write each of ``files`` from ``prefix + path`` to ``dest / path``; return path →
+        sha256 of what was written. One missing from the store raises IntegrityError."""
         ...
 
-    async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
-        """Fetch every file of ``manifest`` under ``dest``; return path → sha256 of what was
-        written (computed while writing). The caller verifies and renames. A file missing
-        from the store raises IntegrityError (the checkpoint does not match its manifest)."""
+    async def abort_uploads(self, prefix: str, keep: Collection[str] = ()) -> int:
+        """Remove what interrupted sends under ``prefix`` left behind that none of the resume
+        states ``keep`` (the journal's, opaque) continue — S3's multipart uploads; return
+        how many (0 on stores where a partial file is simply written again)."""
         ...
 
-    async def delete(self, tag: str) -> None:
-        """Remove a checkpoint: manifest first, then its files. Missing is not an error."""
-
-    async def probe(self) -> str:
-        """Check the store is reachable and writable; raise StorageError saying what fails.
-        Return how ``claim`` makes a tag one writer's on this store (for check-config)."""
-        ...
-
-    async def cleanup(self, resume_states: Collection[str]) -> int:
-        """Remove what interrupted uploads left in the store that none of ``resume_states``
-        (the journal's, opaque) can continue — S3's abandoned multipart uploads, say;
-        return how many things were removed."""
-        ...
+    async def probe(self) -> None:
+        """Check the store is reachable and writable; raise StorageError saying what fails."""
 
     async def aclose(self) -> None:
         """Release connections."""
-
-
-@runtime_checkable
-class PartStore(Protocol):
-    """What a backend adds for multi-node runs (``[run] nodes > 1``): each host claims,
-    uploads and describes its own part of a tag; the union is committed with ``commit``."""
-
-    async def claim_part(self, tag: str, rank: int, writer: Writer) -> None:
-        """Take node ``rank``'s part of ``tag`` for ``writer``, atomically; ConflictError when
-        another writer holds that part, or a single writer holds the whole tag."""
-
-    async def part_claim(self, tag: str, rank: int) -> Writer | None:
-        """Who holds node ``rank``'s part of ``tag``; None when nobody (never claimed, or
-        the checkpoint was deleted since)."""
-        ...
-
-    async def upload_part(
-        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
-    ) -> None:
-        """Like ``upload``, but never over another host's file: a path stored already is
-        kept when its bytes are these, and PartsDisagreeError when they differ."""
-
-    async def commit_part(self, part: Part) -> None:
-        """Write ``part``'s manifest beside its files (after every file is stored)."""
-
-    async def part_ranks(self, tag: str) -> set[int]:
-        """The node ranks whose part manifest of ``tag`` is stored: names only, one listing
-        (every host asks once per checkpoint; only the one completing the set reads them)."""
-        ...
-
-    async def parts(self, tag: str) -> list[Part]:
-        """Every part manifest stored for ``tag``, in no particular order."""
-        ...
-
-    async def uncommitted(self) -> dict[str, list[Part]]:
-        """Every tag of this run holding part manifests and no manifest, with its parts:
-        node 0 looks for checkpoints whose parts never all arrive (a host died for good)."""
-        ...
-
-    async def committed(self, tag: str) -> Manifest | None:
-        """The manifest of ``tag`` when it is committed: one small read, how a host whose
-        part waits learns that the last part's host committed the union."""
-        ...
-
-
-@runtime_checkable
-class AgreementStore(Protocol):
-    """What a backend adds for a multi-node job's resume point (checkpoints/agreement.py):
-    each host's start request and node 0's board, beside the tags under
-    ``.traind-resume/``."""
-
-    async def request_start(self, rank: int, nonce: str) -> None:
-        """Store node ``rank``'s start request ``nonce``, replacing its last one."""
-
-    async def withdraw_start(self, rank: int, nonce: str) -> None:
-        """Remove node ``rank``'s start request while it is still ``nonce`` (a host stopping
-        before its trainer started)."""
-
-    async def start_requests(self) -> dict[int, str]:
-        """Every node's start request, rank → nonce, from one listing (node 0's poll)."""
-        ...
-
-    async def write_board(self, data: bytes) -> None:
-        """Replace the resume board (written by node 0 alone)."""
-
-    async def read_board(self) -> bytes | None:
-        """The resume board, None before node 0 wrote one: one small read (every host's
-        poll)."""
-        ...

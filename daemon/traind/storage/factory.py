@@ -1,22 +1,22 @@
-"""Build the configured backend, importing its module (and its libraries) only when used."""
+"""Build the configured store, importing its module (and its libraries) only when used."""
 
 from __future__ import annotations
 
 import importlib
 
 from traind.config import LocalStorage, S3Storage, SSHStorage
-from traind.storage.base import Storage
+from traind.storage.base import ObjectStore
 
-_BACKENDS = {
-    "local": ("traind.storage.local", "LocalBackend"),
-    "s3": ("traind.storage.s3.backend", "S3Backend"),
-    "ssh": ("traind.storage.ssh.backend", "SSHBackend"),
+_STORES = {
+    "local": ("traind.storage.local", "LocalStore"),
+    "s3": ("traind.storage.s3.store", "S3Store"),
+    "ssh": ("traind.storage.ssh.store", "SSHStore"),
 }
 
 
-def open_storage(config: LocalStorage | S3Storage | SSHStorage, run: str) -> Storage:
-    """Return the backend for ``config``; no I/O happens until it is used."""
-    module, name = _BACKENDS[config.type]
+def open_objects(config: LocalStorage | S3Storage | SSHStorage, run: str) -> ObjectStore:
+    """Return the store of ``config`` holding run ``run``; no I/O happens until it is used."""
+    module, name = _STORES[config.type]
     cls = getattr(importlib.import_module(module), name)
-    backend: Storage = cls(config, run)
-    return backend
+    store: ObjectStore = cls(config, run)
+    return store

@@ -362,9 +362,13 @@ def write_atomic(target: Path, data: bytes) -> None:
     """Write ``target`` (and its directory) whole: temporary name, fsync, rename, and the
     directory fsynced, so that a crash leaves the old file or the new one, never a part."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(temporary_name(target.name))
-    _write_synced(part, data)
-    os.replace(part, target)
+    part = target.with_name(unique_temporary_name(target.name))  # two writers never share it
+    try:
+        _write_synced(part, data)
+        os.replace(part, target)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     fsync_dir(target.parent)
 
 

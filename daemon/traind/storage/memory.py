@@ -1,101 +1,144 @@
-"""An in-memory backend for tests: the same contract as the real ones, no I/O."""
+"""The in-memory store for tests: every primitive of the interface, no I/O.
+
+Shipped with the code (like structlog's ``capture_logs``) so the whole protocol — claims,
+take-over, commits, parts, the resume agreement — runs against it in milliseconds. Its
+puts are atomic (one event loop), so it has every capability.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import hashlib
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from traind.errors import IntegrityError
-from traind.layout.keys import check_relpath, check_tag
-from traind.layout.manifest import Manifest, Writer
-from traind.storage.base import Advance, LocalFile, UploadSession
-from traind.storage.claim import Lease, check_committed, check_held, check_lease
+from traind.errors import IntegrityError, StorageError
+from traind.layout.keys import check_relpath
+from traind.storage.base import (
+    OVERWRITE,
+    Advance,
+    Blob,
+    Capabilities,
+    LocalFile,
+    ObjectMeta,
+    PutMode,
+    UploadSession,
+)
+
+CAPABILITIES = Capabilities(create=True, update=True,
+                            claim="a dict on one event loop: a tag is one writer's")
+IGNORING = Capabilities(create=False, update=False,
+                        claim="claims listed after writing (no atomic create-only put)")
 
 
-class MemoryBackend:
-    """Keeps objects in a dict keyed ``<tag>/<path>``; manifests and claims separately."""
+def version_of(data: bytes) -> str:
+    """The version of an object on a store without one of its own: its content's hash."""
+    return hashlib.sha256(data).hexdigest()[:32]
 
-    def __init__(self) -> None:
+
+class MemoryStore:
+    """Objects in a dict keyed like a real store's (``<tag>/<path>``). With ``conditional``
+    False its create-only and replace-if-version puts check, then write, with a turn of the
+    event loop between (as a client must on a store ignoring ``If-None-Match``/``If-Match``),
+    so racing writers can both pass and the protocol's listing fallback decides."""
+
+    def __init__(self, conditional: bool = True) -> None:
         self.objects: dict[str, bytes] = {}
-        self.manifest_by_tag: dict[str, Manifest] = {}
-        self.claims: dict[str, Lease] = {}
-        self.takeovers: set[str] = set()
-        """The markers of claims taken over (``Lease.marker``)."""
+        self.written: dict[str, float] = {}
+        self._conditional = conditional
 
     @property
     def describe(self) -> str:
         return "memory:"
 
-    async def upload(
-        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    def where(self, key: str) -> str:
+        return f"memory:{key}"
+
+    async def capabilities(self) -> Capabilities:
+        return CAPABILITIES if self._conditional else IGNORING
+
+    async def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> bool:
+        await self._turn()
+        found = self.objects.get(key)
+        if mode.kind == "create" and found is not None:
+            return False
+        if mode.kind == "update" and (found is None or version_of(found) != mode.version):
+            return False
+        if not self._conditional and mode.kind != "overwrite":
+            await asyncio.sleep(0)  # checked, then written: another writer may come between
+        self._store(key, bytes(data))
+        return True
+
+    async def _turn(self) -> None:
+        """Without atomic puts, every request yields to the event loop as a network round
+        trip would, so racing writers interleave."""
+        if not self._conditional:
+            await asyncio.sleep(0)
+
+    def _store(self, key: str, data: bytes) -> None:
+        self.objects[key] = data
+        self.written[key] = time.time()
+
+    async def get(self, key: str) -> Blob | None:
+        await self._turn()
+        found = self.objects.get(key)
+        return None if found is None else Blob(found, version_of(found))
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes:
+        if (found := self.objects.get(key)) is None:
+            raise StorageError(f"memory:{key}: no such object", code="NoSuchKey", key=key)
+        return found[start:end]
+
+    async def head(self, key: str) -> ObjectMeta | None:
+        found = self.objects.get(key)
+        return None if found is None else ObjectMeta(key, len(found), self.written.get(key))
+
+    async def list(self, prefix: str) -> list[ObjectMeta]:
+        await self._turn()
+        return [ObjectMeta(k, len(v), self.written.get(k))
+                for k, v in list(self.objects.items()) if k.startswith(prefix)]
+
+    async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        return sorted({rest.split("/", 1)[0] for k in self.objects if k.startswith(prefix)
+                       and "/" in (rest := k[len(prefix):])})
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        await self._turn()
+        for key in keys:
+            self.objects.pop(key, None)
+            self.written.pop(key, None)
+
+    async def send(
+        self, prefix: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:
         for f in files:
             data = (root / f.path).read_bytes()
-            self.objects[f"{check_tag(tag)}/{check_relpath(f.path)}"] = data
+            self._store(prefix + check_relpath(f.path), data)
             session.advance(len(data))
             await session.file_done(f.path, hashlib.sha256(data).hexdigest())
             await asyncio.sleep(0)
 
-    async def claim(self, tag: str, writer: Writer) -> None:
-        if (held := self.claims.get(check_tag(tag))) is not None:
-            check_lease(tag, writer, held, self.manifest_by_tag.get(tag), self.describe)
-            return
-        check_committed(tag, writer, self.manifest_by_tag.get(tag), self.describe)
-        self.claims[tag] = Lease.new(writer)
-
-    async def renew(self, tag: str, writer: Writer) -> None:
-        held = check_held(tag, writer, self.claims.get(check_tag(tag)), self.describe)
-        self.claims[tag] = held.renewed()
-
-    async def release(self, tag: str, writer: Writer) -> None:
-        if (held := self.claims.get(check_tag(tag))) is not None and held.writer.id == writer.id:
-            self.claims[tag] = held.renewed(0.0)
-
-    async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
-        if stale.marker in self.takeovers or self.claims.get(check_tag(tag)) != stale:
-            return False
-        self.takeovers.add(stale.marker)
-        for key in [k for k in self.objects if k.startswith(f"{tag}/")]:
-            del self.objects[key]
-        del self.claims[tag]
-        return True
-
-    async def commit(self, manifest: Manifest) -> None:
-        found = self.manifest_by_tag.get(manifest.tag)
-        check_committed(manifest.tag, manifest.writer, found, self.describe)
-        self.manifest_by_tag[manifest.tag] = manifest
-
-    async def manifests(self) -> list[Manifest]:
-        return list(self.manifest_by_tag.values())
-
-    async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
+    async def fetch(
+        self, prefix: str, files: Sequence[LocalFile], dest: Path, advance: Advance
+    ) -> dict[str, str]:
         hashes = {}
-        for entry in manifest.files:
-            key = f"{manifest.tag}/{entry.path}"
-            if key not in self.objects:
-                raise IntegrityError(f"memory:{key}: missing from the store")
-            data = self.objects[key]
-            target = dest / entry.path
+        for f in files:
+            if (data := self.objects.get(prefix + f.path)) is None:
+                raise IntegrityError(f"memory:{prefix}{f.path}: missing from the store")
+            target = dest / check_relpath(f.path)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             advance(len(data))
-            hashes[entry.path] = hashlib.sha256(data).hexdigest()
+            hashes[f.path] = hashlib.sha256(data).hexdigest()
         return hashes
 
-    async def delete(self, tag: str) -> None:
-        self.manifest_by_tag.pop(tag, None)
-        for key in [k for k in self.objects if k.startswith(f"{tag}/")]:
-            del self.objects[key]
-        self.claims.pop(tag, None)
-
-    async def probe(self) -> str:
-        return "a dict (one event loop: atomic)"
-
-    async def cleanup(self, resume_states: Collection[str]) -> int:
-        # Partial files are rewritten by the next upload of their checkpoint.
+    async def abort_uploads(self, prefix: str, keep: Collection[str] = ()) -> int:
         return 0
+
+    async def probe(self) -> None:
+        return None
 
     async def aclose(self) -> None:
         return None

@@ -20,31 +20,30 @@ from traind.config import LocalStorage
 from traind.errors import ClaimHeldError, ConflictError
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Manifest
-from traind.storage import Storage
-from traind.storage.claim import Lease
-from traind.storage.local import LocalBackend
-from traind.storage.memory import MemoryBackend
+from traind.protocol import CheckpointStore, open_storage
+from traind.protocol.lease import Lease
+from traind.protocol.testing import MemoryBackend
 
 TAG = "checkpoint-1"
 
 
 @pytest.fixture(params=["local", "memory"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
     """One store (local directory or the fake) the writers of a test share."""
     if request.param == "local":
-        return LocalBackend(LocalStorage(path=tmp_path / "store"), "run1")
+        return open_storage(LocalStorage(path=tmp_path / "store"), "run1")
     return MemoryBackend()
 
 
-def left_in_store(store: Storage, tmp_path: Path) -> set[str]:
+def left_in_store(store: CheckpointStore, tmp_path: Path) -> set[str]:
     """The names of everything under checkpoint-1 in the store."""
     if isinstance(store, MemoryBackend):
-        return {k.split("/", 1)[1] for k in store.objects if k.startswith(f"{TAG}/")}
+        return {k.split("/", 1)[1] for k in store.memory.objects if k.startswith(f"{TAG}/")}
     return {p.name for p in (tmp_path / "store" / "run1" / TAG).iterdir()}
 
 
 async def test_a_dead_writers_claim_is_taken_over_once_stale(
-    store: Storage, tmp_path: Path
+    store: CheckpointStore, tmp_path: Path
 ) -> None:
     """A writer that died mid-upload: the next writer waits (checkpoint_claim_held once,
     journal 'ready') while the claim is fresh, then takes it over (error-level
@@ -76,7 +75,9 @@ async def test_a_dead_writers_claim_is_taken_over_once_stale(
     assert "dead-only.bin" in dead.written[TAG]
 
 
-async def test_two_takers_of_a_stale_claim_one_wins(store: Storage, tmp_path: Path) -> None:
+async def test_two_takers_of_a_stale_claim_one_wins(
+    store: CheckpointStore, tmp_path: Path,
+) -> None:
     """Two writers meeting one stale claim at once: exactly one takes it over and commits,
     the other then meets that commit as a conflict; the dead writer's objects are gone."""
     dead = await dead_writer(tmp_path, store)
@@ -98,7 +99,9 @@ async def test_two_takers_of_a_stale_claim_one_wins(store: Storage, tmp_path: Pa
     assert "dead-only.bin" not in left_in_store(store, tmp_path)
 
 
-async def test_a_live_writers_claim_is_renewed_not_taken(store: Storage, tmp_path: Path) -> None:
+async def test_a_live_writers_claim_is_renewed_not_taken(
+    store: CheckpointStore, tmp_path: Path,
+) -> None:
     """A writer whose upload outlasts claim_ttl renews its claim meanwhile: the other
     writer waits for it and then meets its commit (a conflict), never taking it over."""
     slow = await side(tmp_path, "slow", store, steps=1, claim_ttl=1.0)
@@ -130,7 +133,9 @@ async def test_a_live_writers_claim_is_renewed_not_taken(store: Storage, tmp_pat
     assert not [e for e in logs if e["event"] == "checkpoint_claim_taken_over"]
 
 
-async def test_a_released_claim_is_taken_over_at_once(store: Storage, tmp_path: Path) -> None:
+async def test_a_released_claim_is_taken_over_at_once(
+    store: CheckpointStore, tmp_path: Path,
+) -> None:
     """A writer stopping with a tag unstored releases its claim: the next writer takes it
     over without waiting claim_ttl (here ten minutes); another's claim is not released."""
     dead = await dead_writer(tmp_path, store)
@@ -149,7 +154,9 @@ async def test_a_released_claim_is_taken_over_at_once(store: Storage, tmp_path: 
     assert "dead-only.bin" not in left_in_store(store, tmp_path)
 
 
-async def test_a_writer_whose_claim_was_taken_over_stops(store: Storage, tmp_path: Path) -> None:
+async def test_a_writer_whose_claim_was_taken_over_stops(
+    store: CheckpointStore, tmp_path: Path,
+) -> None:
     """A writer that did not renew in time (the other's claim_ttl is shorter than its
     renewal interval) finds at its next renewal that the tag is another's: its upload is
     stopped, it never commits, journals 'conflict'; the taker's checkpoint is whole."""
@@ -185,7 +192,7 @@ async def test_a_writer_whose_claim_was_taken_over_stops(store: Storage, tmp_pat
 async def test_a_writer_that_lost_its_claim_sends_no_further_file(tmp_path: Path) -> None:
     """Between files the writer checks the claim is still its own: taken over after its
     first file, it sends none of the others and journals 'conflict'."""
-    store = LocalBackend(LocalStorage(path=tmp_path / "store", concurrency=1), "run1")
+    store = open_storage(LocalStorage(path=tmp_path / "store", concurrency=1), "run1")
     loser = await side(tmp_path, "loser", store, steps=1)
     taker = await side(tmp_path, "taker", store, steps=0)
     file_done = loser.journal.file_done
@@ -215,7 +222,9 @@ async def test_a_writer_that_lost_its_claim_sends_no_further_file(tmp_path: Path
     assert left - {n for n in left if n.startswith("traind-takeover-")} == {CLAIM_NAME}
 
 
-async def test_renewals_of_a_claim_never_overlap(store: Storage, tmp_path: Path) -> None:
+async def test_renewals_of_a_claim_never_overlap(
+    store: CheckpointStore, tmp_path: Path,
+) -> None:
     """The lease's timer, the check between files and the renewal before the commit take
     turns: two renewals at once would race each other's write of the claim."""
     writer = await side(tmp_path, "a", store, steps=1, claim_ttl=0.2)

@@ -15,7 +15,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.recovery import restore_if_fresh, resume_point
 from traind.config import CheckpointsConfig
 from traind.errors import IntegrityError
-from traind.storage.memory import MemoryBackend
+from traind.protocol.testing import MemoryBackend
 
 
 async def test_a_torn_resume_point_corrupt_in_the_store_falls_back(tmp_path: Path) -> None:
@@ -27,9 +27,9 @@ async def test_a_torn_resume_point_corrupt_in_the_store_falls_back(tmp_path: Pat
     out, config = tmp_path / "out", CheckpointsConfig()
     try:
         rewrite(out / "checkpoint-4/shard-0.bin", b"torn")  # killed while saving it again
-        stored = bytearray(store.objects["checkpoint-4/shard-1.bin"])
+        stored = bytearray(store.memory.objects["checkpoint-4/shard-1.bin"])
         stored[7] ^= 1
-        store.objects["checkpoint-4/shard-1.bin"] = bytes(stored)
+        store.memory.objects["checkpoint-4/shard-1.bin"] = bytes(stored)
         with capture_logs() as first:
             assert await resume_point(store, journal, out, config) == out / "checkpoint-3"
         with capture_logs() as second:
@@ -77,7 +77,7 @@ async def test_a_fresh_host_with_no_checkpoint_that_verifies_starts_without_one(
     level, and leaves output_dir empty for the trainer to start from scratch."""
     store = MemoryBackend()
     (await commit_through_streamer(tmp_path, store, 1)).close()
-    store.objects["checkpoint-1/shard-0.bin"] = b"rotten"
+    store.memory.objects["checkpoint-1/shard-0.bin"] = b"rotten"
     out = tmp_path / "fresh"
     out.mkdir()
     journal = Journal.in_state_dir(tmp_path / "fresh-state", run_in(tmp_path))
@@ -98,7 +98,7 @@ async def test_the_memory_store_reports_a_missing_object_like_the_real_ones(
     """The test double keeps the download contract: a missing object is an IntegrityError."""
     store = MemoryBackend()
     (await commit_through_streamer(tmp_path, store, 1)).close()
-    del store.objects["checkpoint-1/shard-0.bin"]
+    del store.memory.objects["checkpoint-1/shard-0.bin"]
     (manifest,) = await store.manifests()
     with pytest.raises(IntegrityError, match=r"checkpoint-1/shard-0\.bin: missing"):
         await store.download(manifest, tmp_path / "dest", lambda n: None)

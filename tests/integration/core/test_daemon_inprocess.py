@@ -14,7 +14,7 @@ from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.config import validate
 from traind.errors import TraindError, TransientStorageError
 from traind.layout.manifest import Manifest
-from traind.storage.memory import MemoryBackend
+from traind.protocol.testing import MemoryBackend
 
 
 class FlakyStore(MemoryBackend):

@@ -19,8 +19,8 @@ from traind.checkpoints.space import SpaceGuard
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.errors import TraindError, TransientStorageError
+from traind.protocol.testing import MemoryBackend
 from traind.storage import LocalFile, UploadSession
-from traind.storage.memory import MemoryBackend
 
 
 async def test_journal_write_waits_for_space(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from traind.config import LocalStorage
 from traind.errors import IntegrityError, NotFoundError, StorageError
 from traind.layout.keys import MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest
+from traind.protocol import CheckpointStore, open_storage
 from traind.storage import LocalFile
-from traind.storage.local import LocalBackend
 
 
 def make_checkpoint(root: Path) -> dict[str, bytes]:
@@ -33,7 +33,7 @@ def make_checkpoint(root: Path) -> dict[str, bytes]:
     return files
 
 
-async def upload(backend: LocalBackend, tmp_path: Path, tag: str) -> Manifest:
+async def upload(backend: CheckpointStore, tmp_path: Path, tag: str) -> Manifest:
     src = tmp_path / "src" / tag
     files = make_checkpoint(src)
     journal = Journal(tmp_path / f"j-{tag}.db", run_in(tmp_path))
@@ -56,7 +56,7 @@ async def upload(backend: LocalBackend, tmp_path: Path, tag: str) -> Manifest:
 
 async def test_round_trip(tmp_path: Path) -> None:
     """Upload, commit, list, restore verified, delete — bytes identical."""
-    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "store"), "run")
     manifest = await upload(backend, tmp_path, "checkpoint-4")
     assert await backend.manifests() == []  # files alone are not a checkpoint
     await backend.commit(manifest)
@@ -73,7 +73,7 @@ async def test_round_trip(tmp_path: Path) -> None:
 
 async def test_restore_refuses_corruption(tmp_path: Path) -> None:
     """A store file that no longer matches its manifest fails restore; nothing is left."""
-    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "store"), "run")
     manifest = await upload(backend, tmp_path, "checkpoint-4")
     await backend.commit(manifest)
     target = tmp_path / "store/run/checkpoint-4/sub/opt.pt"
@@ -85,7 +85,7 @@ async def test_restore_refuses_corruption(tmp_path: Path) -> None:
 
 async def test_restore_does_not_overwrite(tmp_path: Path) -> None:
     """Restoring over an existing directory is an error, never a silent overwrite."""
-    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "store"), "run")
     await backend.commit(await upload(backend, tmp_path, "checkpoint-4"))
     (tmp_path / "restored/checkpoint-4").mkdir(parents=True)
     with pytest.raises(StorageError, match="already exists"):
@@ -95,7 +95,7 @@ async def test_restore_does_not_overwrite(tmp_path: Path) -> None:
 async def test_restore_removes_what_killed_restores_left(tmp_path: Path) -> None:
     """A killed restore leaves its full-size temporary directory behind: the next restore
     into the same directory removes it, but not that of a restore still running."""
-    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "store"), "run")
     await backend.commit(await upload(backend, tmp_path, "checkpoint-4"))
     parent = tmp_path / "restored"
     dead = parent / ".checkpoint-3.traind-restore-dead0000"
@@ -118,7 +118,7 @@ async def test_restore_removes_what_killed_restores_left(tmp_path: Path) -> None
 
 async def test_a_malformed_manifest_is_left_out_and_named(tmp_path: Path) -> None:
     """One damaged manifest does not hide the other checkpoints; the error names its path."""
-    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "store"), "run")
     await backend.commit(await upload(backend, tmp_path, "checkpoint-4"))
     broken = tmp_path / "store/run/checkpoint-3" / MANIFEST_NAME
     broken.parent.mkdir()
@@ -131,7 +131,7 @@ async def test_a_malformed_manifest_is_left_out_and_named(tmp_path: Path) -> Non
 
 async def test_missing_tag(tmp_path: Path) -> None:
     """Asking for a tag that is not committed names what exists."""
-    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "store"), "run")
     await backend.commit(await upload(backend, tmp_path, "checkpoint-4"))
     with pytest.raises(NotFoundError, match=r"have: checkpoint-4"):
         await find(backend, "checkpoint-9")
@@ -139,7 +139,7 @@ async def test_missing_tag(tmp_path: Path) -> None:
 
 async def test_interrupted_upload_is_invisible_and_deletable(tmp_path: Path) -> None:
     """Files without a manifest (an interrupted upload) are never listed; delete clears them."""
-    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "store"), "run")
     await upload(backend, tmp_path, "checkpoint-4")
     (tmp_path / "store/run/checkpoint-4/model.safetensors.traind-part").write_bytes(b"half")
     assert await backend.manifests() == []
@@ -150,7 +150,7 @@ async def test_interrupted_upload_is_invisible_and_deletable(tmp_path: Path) -> 
 async def test_probe_reports_unwritable(tmp_path: Path) -> None:
     """probe() says precisely what is wrong with the store path."""
     (tmp_path / "file").write_text("not a dir")
-    backend = LocalBackend(LocalStorage(path=tmp_path / "file"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "file"), "run")
     with pytest.raises(StorageError, match="local store"):
         await backend.probe()
 
@@ -167,7 +167,7 @@ async def test_odd_file_names_round_trip(tmp_path: Path) -> None:
     files = [LocalFile(p, len(d)) for p, d in names.items()]
     journal = Journal(tmp_path / "j.db", run_in(tmp_path))
     await journal.staged("checkpoint-2", 2, src, files)
-    backend = LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+    backend = open_storage(LocalStorage(path=tmp_path / "store"), "run")
     await backend.upload("checkpoint-2", src, files, JournalSession(journal, "checkpoint-2",
                                                                     lambda n: None))
     stored = await journal.files("checkpoint-2")

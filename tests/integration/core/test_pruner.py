@@ -12,7 +12,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.restore import identity
 from traind.config import RetentionConfig
 from traind.layout.manifest import Manifest
-from traind.storage.memory import MemoryBackend
+from traind.protocol.testing import MemoryBackend
 
 
 async def test_a_directory_sharing_a_committed_tag_is_not_deleted(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ async def test_a_delete_cut_short_is_finished_by_the_next_prune(tmp_path: Path) 
     """A daemon killed between deleting a manifest and its files left them in the store
     (journal state ``pruning``): the next prune removes them and records ``pruned``."""
     store = MemoryBackend()
-    store.objects["checkpoint-2/model.bin"] = b"orphaned"
+    store.memory.objects["checkpoint-2/model.bin"] = b"orphaned"
     journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     try:
         await journal.record_committed("checkpoint-2", 2, tmp_path / "out/checkpoint-2", "m")
@@ -54,7 +54,7 @@ async def test_a_delete_cut_short_is_finished_by_the_next_prune(tmp_path: Path) 
         entry = await journal.get("checkpoint-2")
     finally:
         journal.close()
-    assert store.objects == {}
+    assert store.memory.objects == {}
     assert entry is not None
     assert entry.state == "pruned"
 

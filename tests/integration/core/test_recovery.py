@@ -9,7 +9,7 @@ from tests.support.checkpoints import run_in, write_checkpoint
 from traind.checkpoints import recovery
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
-from traind.storage.memory import MemoryBackend
+from traind.protocol.testing import MemoryBackend
 
 
 async def test_ready_snapshots_are_settled_against_the_store_once_it_answers(
@@ -28,7 +28,7 @@ async def test_ready_snapshots_are_settled_against_the_store_once_it_answers(
             await journal.set_state(tag, "ready")
         await streamer.commit("checkpoint-1")
         await journal.set_state("checkpoint-1", "ready")  # killed before the journal said so
-        uploaded = dict(store.objects)
+        uploaded = dict(store.memory.objects)
 
         tracked, ready = await recovery.recover(streamer, journal, None)
         assert (tracked, ready, streamer.queued) == ([], ["checkpoint-1", "checkpoint-2"], 0)
@@ -37,6 +37,6 @@ async def test_ready_snapshots_are_settled_against_the_store_once_it_answers(
         await recovery.reconcile(streamer, journal, await store.manifests(), ready)
         assert [e.tag for e in await journal.entries("committed")] == ["checkpoint-1"]
         assert streamer.unstored == ["checkpoint-2"]
-        assert store.objects == uploaded
+        assert store.memory.objects == uploaded
     finally:
         journal.close()

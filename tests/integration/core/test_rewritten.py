@@ -22,8 +22,8 @@ from traind.checkpoints.recovery import resume_point
 from traind.checkpoints.streamer import Streamer
 from traind.config import Settings, validate
 from traind.layout.manifest import Manifest
+from traind.protocol.testing import MemoryBackend
 from traind.storage import LocalFile, UploadSession
-from traind.storage.memory import MemoryBackend
 
 
 class GatedStore(MemoryBackend):
@@ -91,7 +91,7 @@ async def test_rewritten_checkpoint_is_snapshot_again_and_committed_as_last_save
     committed = store.manifest_by_tag["checkpoint-1"]
     assert {f.path: f.sha256 for f in committed.files} == second
     assert {f.path: f.size for f in committed.files}["shard-0.bin"] == 70_000
-    assert store.objects["checkpoint-1/shard-0.bin"] == shard.read_bytes()
+    assert store.memory.objects["checkpoint-1/shard-0.bin"] == shard.read_bytes()
 
 
 async def test_push_of_a_checkpoint_rewritten_mid_upload_fails(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ async def test_a_resume_point_saved_again_since_committed_is_restored(tmp_path: 
     journal = await commit_through_streamer(tmp_path, store, 6)
     out = tmp_path / "out"
     shard = out / "checkpoint-6" / "shard-0.bin"
-    good = store.objects["checkpoint-6/shard-0.bin"]
+    good = store.memory.objects["checkpoint-6/shard-0.bin"]
     try:
         await asyncio.sleep(0.02)
         rewrite(shard, good[:1000])  # torn: cut short mid-save

@@ -18,7 +18,7 @@ from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.config import CheckpointsConfig, RetentionConfig
-from traind.storage.memory import MemoryBackend
+from traind.protocol.testing import MemoryBackend
 
 
 def run_config(tmp_path: Path, name: str) -> tuple[Path, Path]:

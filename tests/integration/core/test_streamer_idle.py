@@ -13,8 +13,8 @@ from tests.support.checkpoints import run_in, write_checkpoint
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.errors import TransientStorageError
+from traind.protocol.testing import MemoryBackend
 from traind.storage import LocalFile, UploadSession
-from traind.storage.memory import MemoryBackend
 
 
 class FailingStore(MemoryBackend):

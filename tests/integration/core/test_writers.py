@@ -15,15 +15,15 @@ from traind.config import LocalStorage
 from traind.errors import ClaimHeldError, ConflictError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, Writer
-from traind.storage.local import LocalBackend
-from traind.storage.memory import MemoryBackend
+from traind.protocol import CheckpointStore, open_storage
+from traind.protocol.testing import MemoryBackend
 
 A = Writer("a" * 32, "host-a")
 B = Writer("b" * 32, "host-b")
 
 
-def local(tmp_path: Path) -> LocalBackend:
-    return LocalBackend(LocalStorage(path=tmp_path / "store"), "run1")
+def local(tmp_path: Path) -> CheckpointStore:
+    return open_storage(LocalStorage(path=tmp_path / "store"), "run1")
 
 
 async def test_two_streamers_same_tags_one_writer_each(tmp_path: Path) -> None:
@@ -87,6 +87,8 @@ async def test_manifest_is_created_once(tmp_path: Path) -> None:
     """A commit never replaces another writer's manifest; its own (a retry) it may."""
     store = local(tmp_path)
     ours = Manifest("run1", "checkpoint-1", 1, (FileEntry("x", 1, "0" * 64),), writer=A)
+    (tmp_path / "store" / "run1" / "checkpoint-1").mkdir(parents=True)
+    (tmp_path / "store" / "run1" / "checkpoint-1" / "x").write_bytes(b"x")
     await store.commit(ours)
     with pytest.raises(ConflictError):
         await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=B))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from tests.integration.multinode.test_part_stores import staged_host
+from tests.conformance.test_parts import staged_host
 from tests.support.sessions import RecordingSession
 
 from traind.checkpoints.identity import RunIdentity
@@ -20,15 +20,15 @@ from traind.errors import ConflictError
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError
 from traind.nodes import NodeRank
-from traind.storage import LocalFile
-from traind.storage.local import LocalBackend
+from traind.protocol import CheckpointStore, open_storage
+from traind.storage import LocalFile, open_objects
 
 W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
 TAG = "checkpoint-4"
 
 
-def store(tmp_path: Path) -> LocalBackend:
-    return LocalBackend(LocalStorage(path=tmp_path / "store"), "run")
+def store(tmp_path: Path) -> CheckpointStore:
+    return open_storage(LocalStorage(path=tmp_path / "store"), "run")
 
 
 async def test_each_rank_claims_its_own_part(tmp_path: Path) -> None:
@@ -94,11 +94,11 @@ async def test_part_pruned_while_waiting_leaves_no_orphan(tmp_path: Path) -> Non
         journal.close()
 
 
-class Counting(LocalBackend):
+class Counting(CheckpointStore):
     """The local backend, counting the part calls each host makes."""
 
     def __init__(self, config: LocalStorage) -> None:
-        super().__init__(config, "run")
+        super().__init__(open_objects(config, "run"))
         self.calls: list[str] = []
 
     async def part_ranks(self, tag: str) -> set[int]:

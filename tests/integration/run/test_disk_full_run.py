@@ -27,7 +27,7 @@ from tests.support.tmpfs import fill, remount, tmpfs
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
-from traind.storage.memory import MemoryBackend
+from traind.protocol.testing import MemoryBackend
 
 STEPS = 24
 """Checkpoints the trainer saves: a tiny one is ~300 KiB, so 6 MiB hold the trainer's own

@@ -20,7 +20,7 @@ from tests.support.stores import store_section
 
 from traind import config
 from traind.layout.manifest import Writer
-from traind.storage import open_storage
+from traind.protocol import open_storage
 
 TAGS = ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
 

@@ -1,4 +1,5 @@
-"""Fixtures for the S3 backend tests: one real SeaweedFS per session, a fresh bucket per test."""
+"""Fixtures for the S3 store tests: one real SeaweedFS per session, a fresh bucket per test;
+``stores`` makes the S3 store itself, ``backends`` the checkpoint protocol over it."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from tests.support.requires import need_binary
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
 
 from traind.config import S3Storage
+from traind.protocol import CheckpointStore, open_storage
 from traind.storage import LocalFile
-from traind.storage.s3 import backend as s3
-from traind.storage.s3.backend import S3Backend
+from traind.storage.s3 import store as s3
 from traind.storage.s3.client import Ops, open_client, target_of
 from traind.storage.s3.errors import RetryPolicy
+from traind.storage.s3.store import S3Store
 
 MIB = 1024 * 1024
 
@@ -76,12 +78,27 @@ def bucket(s3_server: SeaweedS3) -> str:
 
 
 @pytest.fixture
-async def backends() -> AsyncIterator[Callable[[S3Storage], S3Backend]]:
-    """Make backends for run ``run1``; all are closed after the test."""
-    made: list[S3Backend] = []
+async def stores() -> AsyncIterator[Callable[..., S3Store]]:
+    """Make S3 stores for run ``run1`` (or ``run``); all are closed after the test."""
+    made: list[S3Store] = []
 
-    def make(config: S3Storage, run: str = "run1") -> S3Backend:
-        made.append(S3Backend(config, run))
+    def make(config: S3Storage, run: str = "run1") -> S3Store:
+        made.append(S3Store(config, run))
+        return made[-1]
+
+    yield make
+    for store in made:
+        await store.aclose()
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[Callable[..., CheckpointStore]]:
+    """Make checkpoint stores (the protocol over an S3 store) for run ``run1`` (or
+    ``run``); all are closed after the test."""
+    made: list[CheckpointStore] = []
+
+    def make(config: S3Storage, run: str = "run1") -> CheckpointStore:
+        made.append(open_storage(config, run))
         return made[-1]
 
     yield make
@@ -144,7 +161,7 @@ class Sent:
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[Sent]:
-    """Every request the backends' S3 clients send (botocore's ``before-send`` event), in
+    """Every request the stores' S3 clients send (botocore's ``before-send`` event), in
     order."""
     seen: list[Sent] = []
     original = s3.open_client
@@ -166,7 +183,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[Sent]:
 
 @pytest.fixture(params=["conditional", "listed"])
 def claim_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How the backend claims tags: If-None-Match, or (TRAIND_S3_CONDITIONAL=0) listing."""
+    """How the store claims tags: If-None-Match, or (TRAIND_S3_CONDITIONAL=0) listing."""
     monkeypatch.delenv("TRAIND_S3_CONDITIONAL", raising=False)
     if request.param == "listed":
         monkeypatch.setenv("TRAIND_S3_CONDITIONAL", "0")

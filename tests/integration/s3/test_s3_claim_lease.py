@@ -23,14 +23,14 @@ from tests.support.writers import (
 
 from traind.config import S3Storage
 from traind.errors import ClaimHeldError, ConflictError
-from traind.storage.s3.backend import S3Backend
+from traind.protocol import CheckpointStore
 
 TAG = "checkpoint-1"
 PREFIX = f"ckpts/run1/{TAG}/"
 
 
 async def test_a_dead_writers_claim_is_taken_over_with_all_it_left(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore],
     tmp_path: Path, claim_mode: str,
 ) -> None:
     """A writer that died mid-upload on S3 (objects and an open multipart upload left):
@@ -62,7 +62,7 @@ async def test_a_dead_writers_claim_is_taken_over_with_all_it_left(
 
 
 async def test_two_takers_of_a_stale_claim_one_wins(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore],
     tmp_path: Path,
 ) -> None:
     """Two writers (own clients) meeting one stale claim at once on S3: the conditional
@@ -72,7 +72,7 @@ async def test_two_takers_of_a_stale_claim_one_wins(
 
 
 async def test_a_slow_live_writer_renews_and_is_never_taken_over(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore],
     tmp_path: Path,
 ) -> None:
     """A writer whose upload (max_bandwidth 1 MiB/s, 6 MiB) outlasts claim_ttl (1 s)

@@ -24,7 +24,7 @@ from tests.integration.s3.conftest import (
 from tests.support.seaweed import SeaweedS3
 
 from traind.config import S3Storage
-from traind.storage.s3.backend import S3Backend
+from traind.storage.s3.store import S3Store
 
 
 async def test_requests_carry_no_sdk_retry_headers(s3_server: SeaweedS3, bucket: str) -> None:
@@ -71,7 +71,7 @@ async def test_timestamps_are_botocores_values_parsed_by_the_standard_library(
 
 
 async def test_default_parts_are_12_mib(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    s3_server: SeaweedS3, bucket: str, stores: Callable[[S3Storage], S3Store],
     sent: list[Sent], tmp_path: Path,
 ) -> None:
     """With ``part_size`` left out of the config, a 30 MiB file goes up in three parts
@@ -82,7 +82,7 @@ async def test_default_parts_are_12_mib(
     files = make_checkpoint(root, {"model.safetensors": 30 * MIB})
     session = RecordingSession()
     async with asyncio.timeout(60):
-        await backends(config).upload("checkpoint-1", root, files, session)
+        await stores(config).send("checkpoint-1/", root, files, session)
     parts = [r for r in sent if r.op == "UploadPart"]
     assert len(parts) == 3
     assert sorted(int(r.headers["content-length"]) for r in parts) == [6 * MIB, 12 * MIB,

@@ -11,7 +11,7 @@ from tests.integration.s3.conftest import opened_ops, s3_config
 from tests.support.seaweed import SeaweedS3
 
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.s3 import claim as s3_claim
+from traind.storage.s3.conditional import put_object
 from traind.storage.s3.errors import RetryPolicy
 
 
@@ -34,7 +34,7 @@ async def test_store_errors_carry_code_status_and_key(s3_server: SeaweedS3, buck
         e = noupload.value
         assert (e.code, e.status, e.key, e.missing) == ("NoSuchUpload", 404, key, True)
 
-        assert await s3_claim.put_new(ops, key, b"1", conditional=True)
+        assert await put_object(ops, key, b"1", IfNoneMatch="*")
         with pytest.raises(StorageError) as taken:
             await ops.call("put_object", key, body=memoryview(b"2"), IfNoneMatch="*")
         e = taken.value

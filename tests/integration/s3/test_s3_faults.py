@@ -17,29 +17,31 @@ from tests.integration.s3.conftest import (
     make_checkpoint,
     s3_config,
 )
-from tests.integration.s3.test_s3_backend import keys_under, manifest_of
+from tests.integration.s3.test_s3_store import keys_under, manifest_of
 from tests.support.checkpoints import run_in
 from tests.support.seaweed import SeaweedS3
 
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.config import S3Storage
-from traind.storage.s3.backend import S3Backend
+from traind.protocol import CheckpointStore
+from traind.storage.s3.store import S3Store
 
 pytestmark = pytest.mark.timeout(90)
-Make = Callable[[S3Storage], S3Backend]
+Make = Callable[[S3Storage], S3Store]
 
 
 async def test_server_restart_mid_multipart(
-    own_server: SeaweedS3, backends: Make, tmp_path: Path
+    own_server: SeaweedS3, stores: Make, tmp_path: Path
 ) -> None:
     """Killing and restarting S3 mid-upload still commits once, and nothing shows before
     (requests cut or refused meanwhile are retried)."""
     own_server.create_bucket("faults")
     root = tmp_path / "checkpoint-3"
     files = make_checkpoint(root, {"shard.bin": 20 * MIB, "config.json": 100})
-    backend = backends(s3_config(own_server, "faults", concurrency=2, max_bandwidth="8MiB"))
+    store = stores(s3_config(own_server, "faults", concurrency=2, max_bandwidth="8MiB"))
+    checkpoints = CheckpointStore(store)
     session = RecordingSession(threshold=5 * MIB)
-    upload = asyncio.create_task(backend.upload("checkpoint-3", root, files, session))
+    upload = asyncio.create_task(store.send("checkpoint-3/", root, files, session))
     try:
         await asyncio.wait_for(session.progress.reached.wait(), 20)
         await asyncio.wait_for(asyncio.to_thread(own_server.stop), 15)
@@ -52,12 +54,12 @@ async def test_server_restart_mid_multipart(
     finally:
         upload.cancel()
     async with asyncio.timeout(20):
-        assert await backend.manifests() == []
+        assert await checkpoints.manifests() == []
         manifest = manifest_of("checkpoint-3", root, session.done)
-        await backend.commit(manifest)
-        assert await backend.manifests() == [manifest]
-        unthrottled = backends(s3_config(own_server, "faults"))
-        got = await unthrottled.download(manifest, tmp_path / "out", lambda n: None)
+        await checkpoints.commit(manifest)
+        assert await checkpoints.manifests() == [manifest]
+        unthrottled = stores(s3_config(own_server, "faults"))
+        got = await unthrottled.fetch("checkpoint-3/", files, tmp_path / "out", lambda n: None)
     assert got == session.done
     assert got["shard.bin"] == hashlib.sha256((root / "shard.bin").read_bytes()).hexdigest()
     client = own_server.client()
@@ -70,7 +72,7 @@ async def test_server_restart_mid_multipart(
 
 
 async def test_resume_skips_finished_parts(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+    s3_server: SeaweedS3, bucket: str, stores: Make, tmp_path: Path
 ) -> None:
     """A daemon that died mid-upload resumes from the journal and re-sends no finished part."""
     tag, size = "checkpoint-9", 20 * MIB + 17
@@ -82,7 +84,7 @@ async def test_resume_skips_finished_parts(
         config = s3_config(s3_server, bucket, concurrency=1, max_bandwidth="10MiB")
         first = Progress(threshold=10 * MIB)
         upload = asyncio.create_task(
-            backends(config).upload(tag, root, files, JournalSession(journal, tag, first))
+            stores(config).send(f"{tag}/", root, files, JournalSession(journal, tag, first))
         )
         await asyncio.wait_for(first.reached.wait(), 20)
         upload.cancel()  # the daemon dies here
@@ -102,7 +104,8 @@ async def test_resume_skips_finished_parts(
 
         second = Progress()
         async with asyncio.timeout(30):
-            await backends(config).upload(tag, root, files, JournalSession(journal, tag, second))
+            await stores(config).send(f"{tag}/", root, files,
+                                      JournalSession(journal, tag, second))
         # Parts the journal recorded are not sent again (one in flight at the kill may be).
         assert 0 < second.total <= size - sum(finished.values())
         stored = await journal.files(tag)
@@ -120,7 +123,7 @@ class DiesOnFileDone(RecordingSession):
 
 
 async def test_resume_after_complete_sends_nothing(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+    s3_server: SeaweedS3, bucket: str, stores: Make, tmp_path: Path
 ) -> None:
     """An upload completed but not recorded is recognised by its ETag and not sent again."""
     root = tmp_path / "checkpoint-2"
@@ -129,11 +132,11 @@ async def test_resume_after_complete_sends_nothing(
     dying = DiesOnFileDone()
     with pytest.raises(RuntimeError, match="daemon died"):
         async with asyncio.timeout(20):
-            await backends(config).upload("checkpoint-2", root, files, dying)
+            await stores(config).send("checkpoint-2/", root, files, dying)
     again = RecordingSession()
     again.states = dict(dying.states)
     async with asyncio.timeout(20):
-        await backends(config).upload("checkpoint-2", root, files, again)
+        await stores(config).send("checkpoint-2/", root, files, again)
     assert again.advanced == 0
     assert again.done == {
         "shard.bin": hashlib.sha256((root / "shard.bin").read_bytes()).hexdigest()

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 from tests.integration.s3.conftest import MIB, RecordingSession, Sent, make_checkpoint, s3_config
-from tests.integration.s3.test_s3_backend import manifest_of
+from tests.integration.s3.test_s3_store import files_of, manifest_of
 from tests.support.net import serving
 from tests.support.seaweed import SeaweedS3
 
 from traind.config import S3Storage
 from traind.errors import IntegrityError, StorageError, TransientStorageError
 from traind.layout.manifest import FileEntry, Manifest
-from traind.storage.s3.backend import S3Backend
+from traind.storage.s3.store import S3Store
 
 pytestmark = pytest.mark.timeout(60)
-Make = Callable[[S3Storage], S3Backend]
+Make = Callable[[S3Storage], S3Store]
 SIZES = {"model.safetensors": 12 * MIB + 77, "config.json": 1000, "empty.txt": 0}
 RANGES = 13 + 1  # 1 MiB ranges of the large file, and the small one
 
@@ -29,18 +29,18 @@ RANGES = 13 + 1  # 1 MiB ranges of the large file, and the small one
 @pytest.fixture(autouse=True)
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Restore in 1 MiB ranges, so a small file takes many GETs."""
-    monkeypatch.setattr("traind.storage.s3.backend.RANGE_SIZE", MIB)
+    monkeypatch.setattr("traind.storage.s3.store.RANGE_SIZE", MIB)
 
 
 async def uploaded(
-    server: SeaweedS3, bucket: str, backends: Make, root: Path, sizes: dict[str, int]
+    server: SeaweedS3, bucket: str, stores: Make, root: Path, sizes: dict[str, int]
 ) -> Manifest:
     """Upload files of ``sizes`` under ``root`` as checkpoint-1; return its manifest."""
     files = make_checkpoint(root, sizes, seed=7)
     session = RecordingSession()
-    backend = backends(s3_config(server, bucket))
+    store = stores(s3_config(server, bucket))
     async with asyncio.timeout(30):
-        await backend.upload("checkpoint-1", root, files, session)
+        await store.send("checkpoint-1/", root, files, session)
     return manifest_of("checkpoint-1", root, session.done)
 
 
@@ -104,20 +104,22 @@ class Relay:
 
 
 async def test_restore_round_trip(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, sent: list[Sent],
+    s3_server: SeaweedS3, bucket: str, stores: Make, tmp_path: Path, sent: list[Sent],
 ) -> None:
     """Every byte arrives and is hashed, one ranged GET per range; connections are kept
     alive and reused."""
     root = tmp_path / "checkpoint-1"
-    manifest = await uploaded(s3_server, bucket, backends, root, SIZES)
+    manifest = await uploaded(s3_server, bucket, stores, root, SIZES)
     async with Relay(s3_server.endpoint).running() as relay:
-        backend = backends(s3_config(s3_server, bucket, endpoint_url=relay.endpoint,
-                                     concurrency=2))
+        store = stores(s3_config(s3_server, bucket, endpoint_url=relay.endpoint,
+                                 concurrency=2))
         progress: list[int] = []
         async with asyncio.timeout(30):
-            got = await backend.download(manifest, tmp_path / "out", progress.append)
+            got = await store.fetch("checkpoint-1/", files_of(manifest), tmp_path / "out",
+                                    progress.append)
             check_restored(root, tmp_path / "out", got, manifest)
-            again = await backend.download(manifest, tmp_path / "again", lambda n: None)
+            again = await store.fetch("checkpoint-1/", files_of(manifest), tmp_path / "again",
+                                      lambda n: None)
             check_restored(root, tmp_path / "again", again, manifest)
     assert sum(progress) == manifest.total_bytes
     gets = [r.headers.get("range") for r in sent if r.op == "GetObject"]
@@ -128,45 +130,48 @@ async def test_restore_round_trip(
 
 @pytest.mark.parametrize("mode", ["reset", "stall"])
 async def test_restore_survives_a_broken_stream(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+    s3_server: SeaweedS3, bucket: str, stores: Make, tmp_path: Path,
     mode: str,
 ) -> None:
     """A connection reset or stalled mid-body is retried, and the range resumes."""
     root = tmp_path / "checkpoint-1"
-    manifest = await uploaded(s3_server, bucket, backends, root, SIZES)
+    manifest = await uploaded(s3_server, bucket, stores, root, SIZES)
     async with Relay(s3_server.endpoint, mode, after=3 * MIB).running() as relay:
-        backend = backends(s3_config(s3_server, bucket, endpoint_url=relay.endpoint,
-                                     read_timeout=1.0))
+        store = stores(s3_config(s3_server, bucket, endpoint_url=relay.endpoint,
+                                 read_timeout=1.0))
         async with asyncio.timeout(30):
-            got = await backend.download(manifest, tmp_path / "out", lambda n: None)
+            got = await store.fetch("checkpoint-1/", files_of(manifest), tmp_path / "out",
+                                    lambda n: None)
     assert relay.faults == 1
     check_restored(root, tmp_path / "out", got, manifest)
 
 
 async def test_restore_errors_are_translated(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+    s3_server: SeaweedS3, bucket: str, stores: Make, tmp_path: Path,
 ) -> None:
     """A missing object fails at once with S3's reason; an object that is not the size the
     manifest says fails as an integrity error."""
     root = tmp_path / "checkpoint-1"
-    manifest = await uploaded(s3_server, bucket, backends, root, {"a.bin": 6 * MIB})
-    backend = backends(s3_config(s3_server, bucket))
+    manifest = await uploaded(s3_server, bucket, stores, root, {"a.bin": 6 * MIB})
+    store = stores(s3_config(s3_server, bucket))
     (entry,) = manifest.files
     missing = Manifest(run="run1", tag="checkpoint-1", step=1,
                        files=(FileEntry("nope.bin", 10, entry.sha256),))
     async with asyncio.timeout(20):
         with pytest.raises(StorageError, match="NoSuchKey") as caught:
-            await backend.download(missing, tmp_path / "out", lambda n: None)
+            await store.fetch("checkpoint-1/", files_of(missing), tmp_path / "out",
+                              lambda n: None)
         assert not isinstance(caught.value, TransientStorageError)
         for size in (entry.size + 1, entry.size - 1):
             wrong = Manifest(run="run1", tag="checkpoint-1", step=1,
                              files=(FileEntry("a.bin", size, entry.sha256),))
             with pytest.raises(IntegrityError, match="does not match its manifest"):
-                await backend.download(wrong, tmp_path / "out", lambda n: None)
+                await store.fetch("checkpoint-1/", files_of(wrong), tmp_path / "out",
+                                  lambda n: None)
 
 
 async def test_restore_unreachable_endpoint_fails_fast(
-    backends: Make, tmp_path: Path, s3_server: SeaweedS3
+    stores: Make, tmp_path: Path, s3_server: SeaweedS3
 ) -> None:
     """An endpoint that never answered is reported at once, unretried, as a store that may
     be down for now (the daemon waits for it; a command says so and ends)."""
@@ -175,5 +180,6 @@ async def test_restore_unreachable_endpoint_fails_fast(
                         files=(FileEntry("a.bin", 10, "0" * 64),))
     async with asyncio.timeout(20):
         with pytest.raises(StorageError, match="cannot reach the S3 endpoint") as caught:
-            await backends(config).download(manifest, tmp_path / "out", lambda n: None)
+            await stores(config).fetch("checkpoint-1/", files_of(manifest), tmp_path / "out",
+                                       lambda n: None)
     assert isinstance(caught.value, TransientStorageError)

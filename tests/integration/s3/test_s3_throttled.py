@@ -15,23 +15,25 @@ from traind.config import S3Storage
 from traind.errors import TransientStorageError
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.layout.parts import Part
-from traind.storage.s3.backend import S3Backend
+from traind.protocol import CheckpointStore
 
 TAG = "checkpoint-7"
 W = Writer("a" * 32, "node0")
 
 
-async def stored(make: Callable[[S3Storage], S3Backend], config: S3Storage) -> None:
-    """Node 0's and 1's part manifests of TAG, and a committed checkpoint-6."""
+async def stored(make: Callable[[S3Storage], CheckpointStore], config: S3Storage) -> None:
+    """Node 0's and 1's part manifests of TAG (and their files), and a committed
+    checkpoint-6."""
     backend = make(config)
     for rank in (0, 1):
         entry = FileEntry(f"__{rank}_0.distcp", 1, "0" * 64)
+        await backend.objects.put(f"{TAG}/{entry.path}", b"x")
         await backend.commit_part(Part("run1", TAG, 7, rank, 2, W, (entry,)))
     await backend.commit(Manifest("run1", "checkpoint-6", 6, (), writer=W))
 
 
 async def test_slow_down_on_listings_is_retried(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend]
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore]
 ) -> None:
     """The first listings answered 503 SlowDown: part_ranks and manifests retry and return
     what is stored."""
@@ -49,7 +51,7 @@ async def test_slow_down_on_listings_is_retried(
 
 
 async def test_throttled_for_good_raises_never_empty(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend]
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore]
 ) -> None:
     """Every listing throttled: once retries run out, part_ranks and manifests raise
     TransientStorageError naming SlowDown instead of reporting nothing stored."""

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 from tests.integration.s3.conftest import MIB, RecordingSession, make_checkpoint
-from tests.integration.s3.test_s3_backend import manifest_of
+from tests.integration.s3.test_s3_store import files_of, manifest_of
 from tests.support.net import serving
 
 from traind import __version__
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
 from traind.layout.manifest import FileEntry, Manifest
-from traind.storage.s3.backend import S3Backend
+from traind.storage.s3.store import S3Store
 
 pytestmark = pytest.mark.timeout(60)
-Make = Callable[[S3Storage], S3Backend]
+Make = Callable[[S3Storage], S3Store]
 PREFIX = "/wire/ckpts/run1/checkpoint-1/"
 ERROR_HEAD = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\r\n<Error><Code>InvalidObjectState"
               b"</Code>\r\n<Message>The object is archived in tier 0\r\n")
@@ -123,7 +123,7 @@ def config(endpoint: str, **overrides: object) -> S3Storage:
 
 
 async def test_an_interim_100_continue_is_not_the_answer(
-    backends: Make, tmp_path: Path
+    stores: Make, tmp_path: Path
 ) -> None:
     """A ``100 Continue`` before the final response, though not asked for, is passed over:
     the objects are stored whole and the upload succeeds."""
@@ -132,7 +132,7 @@ async def test_an_interim_100_continue_is_not_the_answer(
     session = RecordingSession()
     async with Store().running() as store:
         async with asyncio.timeout(30):
-            await backends(config(store.endpoint)).upload("checkpoint-1", root, files, session)
+            await stores(config(store.endpoint)).send("checkpoint-1/", root, files, session)
     assert store.continues == 2
     for f in files:
         data = (root / f.path).read_bytes()
@@ -141,7 +141,7 @@ async def test_an_interim_100_continue_is_not_the_answer(
 
 
 async def test_puts_ask_for_no_100_continue_and_name_traind(
-    backends: Make, tmp_path: Path
+    stores: Make, tmp_path: Path
 ) -> None:
     """PUTs go without ``Expect: 100-continue`` (no wait for the store before each body)
     and with traind's User-Agent."""
@@ -149,15 +149,15 @@ async def test_puts_ask_for_no_100_continue_and_name_traind(
     files = make_checkpoint(root, {"config.json": 3000, "model.bin": 2 * MIB + 7})
     async with Store().running() as store:
         async with asyncio.timeout(30):
-            await backends(config(store.endpoint)).upload(
-                "checkpoint-1", root, files, RecordingSession())
+            await stores(config(store.endpoint)).send(
+                "checkpoint-1/", root, files, RecordingSession())
     assert len(store.put_headers) == 2
     for headers in store.put_headers:
         assert "expect" not in headers
         assert headers["user-agent"].startswith(f"traind/{__version__} aiobotocore/")
 
 
-async def test_small_files_go_several_per_slot(backends: Make, tmp_path: Path) -> None:
+async def test_small_files_go_several_per_slot(stores: Make, tmp_path: Path) -> None:
     """Files sent in one PUT are in flight several per ``concurrency`` slot: with one slot,
     four small files are all at the store before it answers any."""
     root = tmp_path / "checkpoint-1"
@@ -166,17 +166,17 @@ async def test_small_files_go_several_per_slot(backends: Make, tmp_path: Path) -
     store.hold = 4
     async with store.running():
         async with asyncio.timeout(30):
-            await backends(config(store.endpoint, concurrency=1, retries=0)).upload(
-                "checkpoint-1", root, files, RecordingSession())
+            await stores(config(store.endpoint, concurrency=1, retries=0)).send(
+                "checkpoint-1/", root, files, RecordingSession())
     assert len(store.objects) == 4
 
 
 async def test_a_chunked_ranged_get_is_received_whole(
-    backends: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stores: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ranged GETs answered with chunked bodies (no Content-Length, chunks of any size)
     restore every byte, checked against the manifest's sizes and hashes."""
-    monkeypatch.setattr("traind.storage.s3.backend.RANGE_SIZE", MIB)
+    monkeypatch.setattr("traind.storage.s3.store.RANGE_SIZE", MIB)
     root = tmp_path / "checkpoint-1"
     make_checkpoint(root, {"model.bin": 3 * MIB + 5, "config.json": 900})
     store = Store()
@@ -185,8 +185,8 @@ async def test_a_chunked_ranged_get_is_received_whole(
         p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in root.iterdir()})
     async with store.running():
         async with asyncio.timeout(30):
-            got = await backends(config(store.endpoint)).download(
-                manifest, tmp_path / "out", lambda n: None)
+            got = await stores(config(store.endpoint)).fetch(
+                "checkpoint-1/", files_of(manifest), tmp_path / "out", lambda n: None)
     assert store.chunked_gets == 4 + 1  # four 1 MiB ranges of model.bin, one of config.json
     assert got == {f.path: f.sha256 for f in manifest.files}
     for f in manifest.files:
@@ -194,7 +194,7 @@ async def test_a_chunked_ranged_get_is_received_whole(
 
 
 async def test_a_chunked_error_body_is_read_to_its_end(
-    backends: Make, tmp_path: Path
+    stores: Make, tmp_path: Path
 ) -> None:
     """A chunked error body is read to its last chunk, even when one piece of it ends like
     the body's end: the error names S3's code and its whole message, and a permanent error
@@ -204,8 +204,8 @@ async def test_a_chunked_error_body_is_read_to_its_end(
     async with Store().running() as store:
         async with asyncio.timeout(30):
             with pytest.raises(StorageError, match="InvalidObjectState") as caught:
-                await backends(config(store.endpoint)).download(
-                    manifest, tmp_path / "out", lambda n: None)
+                await stores(config(store.endpoint)).fetch(
+                    "checkpoint-1/", files_of(manifest), tmp_path / "out", lambda n: None)
     assert "must be restored first" in str(caught.value)
     assert not isinstance(caught.value, TransientStorageError)
     assert store.errors == 1

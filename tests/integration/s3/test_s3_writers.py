@@ -1,5 +1,6 @@
 """Two writers, one namespace, on real SeaweedFS: with conditional writes (If-None-Match)
-and with the listing fallback for stores that ignore them."""
+and with the listing fallback for stores that ignore them (switched off, or really dropped
+on the way by a proxy)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,19 @@ from pathlib import Path
 
 import pytest
 from tests.integration.s3.conftest import s3_config
+from tests.support.s3proxy import throttling_proxy
 from tests.support.seaweed import SeaweedS3
 from tests.support.writers import check_one_writer_each, close, race
 
 from traind.config import S3Storage
 from traind.errors import ConflictError, TransientStorageError
 from traind.layout.manifest import Manifest, Writer
-from traind.storage.s3 import claim as s3_claim
-from traind.storage.s3.backend import S3Backend
+from traind.protocol import CheckpointStore
+from traind.storage.s3 import conditional
 
 
 async def test_probe_says_which_claim_the_store_gets(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore],
     claim_mode: str,
 ) -> None:
     """SeaweedFS refuses a second If-None-Match put: the probe reports conditional writes
@@ -28,13 +30,13 @@ async def test_probe_says_which_claim_the_store_gets(
     backend = backends(s3_config(s3_server, bucket))
     async with asyncio.timeout(30):
         claim = await backend.probe()
-    assert claim == (s3_claim.CONDITIONAL if claim_mode == "conditional" else s3_claim.LISTED)
+    assert claim == (conditional.CONDITIONAL if claim_mode == "conditional" else conditional.LISTED)
     listing = s3_server.client().list_objects_v2(Bucket=bucket)
     assert listing.get("KeyCount", 0) == 0  # the probe objects are gone
 
 
 async def test_two_streamers_same_tags_one_writer_each(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore],
     tmp_path: Path, claim_mode: str,
 ) -> None:
     """Two writers racing for checkpoint-1..3 on S3: each tag one writer's, whole and
@@ -48,16 +50,21 @@ async def test_two_streamers_same_tags_one_writer_each(
 
 
 async def test_racing_claims_exactly_one_wins(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore],
     claim_mode: str,
 ) -> None:
     """Eight writers (own clients) claiming one tag at once: one wins, the rest conflict
     (with the listing protocol two that withdrew together retry, as the streamer does)."""
     config = s3_config(s3_server, bucket)
-    writers = [Writer(f"{n:032x}", f"host-{n}") for n in range(8)]
-    stores = [backends(config) for _ in writers]
+    await check_one_claim_wins([backends(config) for _ in range(8)])
 
-    async def claim(store: S3Backend, writer: Writer) -> BaseException | None:
+
+async def check_one_claim_wins(stores: list[CheckpointStore]) -> None:
+    """One writer per store claims checkpoint-9 at once: exactly one wins, every other is
+    told who did."""
+    writers = [Writer(f"{n:032x}", f"host-{n}") for n in range(len(stores))]
+
+    async def claim(store: CheckpointStore, writer: Writer) -> BaseException | None:
         for _ in range(10):
             try:
                 await store.claim("checkpoint-9", writer)
@@ -77,8 +84,24 @@ async def test_racing_claims_exactly_one_wins(
                for r in results if r is not None)
 
 
+async def test_a_store_that_drops_conditions_is_found_and_claims_are_listed(
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that really ignores If-None-Match (a proxy drops it from every put before
+    SeaweedFS sees it): the probe finds so and says claims are listed, and of eight writers
+    racing for one tag exactly one still wins."""
+    monkeypatch.delenv("TRAIND_S3_CONDITIONAL", raising=False)
+    async with throttling_proxy(s3_server.endpoint, ignore_conditions=True) as proxy:
+        config = s3_config(s3_server, bucket, endpoint_url=proxy.endpoint)
+        async with asyncio.timeout(30):
+            claim = await backends(config).probe()
+        assert (claim, proxy.dropped) == (conditional.LISTED, 2)  # the probe object's puts
+        await check_one_claim_wins([backends(config) for _ in range(8)])
+
+
 async def test_manifest_is_created_once(
-    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], S3Backend],
+    s3_server: SeaweedS3, bucket: str, backends: Callable[[S3Storage], CheckpointStore],
     claim_mode: str,
 ) -> None:
     """A commit never replaces another writer's manifest on S3; a retry of its own may."""

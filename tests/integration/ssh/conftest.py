@@ -1,4 +1,6 @@
-"""Fixtures for the SSH backend tests: a real OpenSSH sshd per test and backends aimed at it.
+"""Fixtures for the SSH store tests: a real OpenSSH sshd per test, and stores aimed at it —
+``make_store`` the SSH store's primitives (``SSHStore``), ``make_backend`` the checkpoint
+protocol over one (``CheckpointStore``: claims, commits, manifests).
 
 Everything a test writes "remotely" lands under ``tmp_path/remote`` (sshd serves the same
 machine), so tests can look at the bytes on the remote side directly.
@@ -9,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.support.checkpoints import run_in
@@ -20,10 +22,15 @@ from traind.checkpoints.journal import Journal, JournalSession
 from traind.config import SSHStorage
 from traind.errors import StorageError
 from traind.layout.manifest import FileEntry, Manifest
-from traind.storage import LocalFile, Storage
+from traind.protocol import CheckpointStore, open_storage
+from traind.storage import LocalFile
+
+if TYPE_CHECKING:
+    from traind.storage.ssh.store import SSHStore
 
 StartSSHD = Callable[..., SSHServer]
-MakeBackend = Callable[..., Storage]
+MakeStore = Callable[..., "SSHStore"]
+MakeBackend = Callable[..., CheckpointStore]
 TRANSFER_TOOLS = {"openssh": ("ssh",), "rsync": ("rsync", "ssh")}
 """Executables each transfer mode runs on this side."""
 
@@ -73,19 +80,44 @@ def ssh_config(server: SSHServer, remote: Path, **overrides: Any) -> SSHStorage:
     return SSHStorage.model_validate({**fields, **overrides})
 
 
+def _need_tools(overrides: dict[str, Any]) -> None:
+    """Skip the test when the transfer mode of ``overrides`` needs a tool that is missing."""
+    need_module("asyncssh")
+    for tool in TRANSFER_TOOLS.get(overrides.get("transfer", "sftp"), ()):
+        need_binary(tool)
+
+
 @pytest.fixture
-async def make_backend(remote: Path) -> AsyncIterator[MakeBackend]:
-    """Build SSH backends for a server (config overrides as keywords; skipped when the
+async def make_store(remote: Path) -> AsyncIterator[MakeStore]:
+    """Build SSH stores for a server (config overrides as keywords; skipped when the
     transfer mode's tools are missing); closed at teardown."""
     need_module("asyncssh")
-    from traind.storage.ssh.backend import SSHBackend
+    from traind.storage.ssh.store import SSHStore
 
-    backends: list[SSHBackend] = []
+    stores: list[SSHStore] = []
 
-    def make(server: SSHServer, run: str = "run1", **overrides: Any) -> SSHBackend:
-        for tool in TRANSFER_TOOLS.get(overrides.get("transfer", "sftp"), ()):
-            need_binary(tool)
-        backend = SSHBackend(ssh_config(server, remote, **overrides), run)
+    def make(server: SSHServer, run: str = "run1", **overrides: Any) -> SSHStore:
+        _need_tools(overrides)
+        store = SSHStore(ssh_config(server, remote, **overrides), run)
+        stores.append(store)
+        return store
+
+    yield make
+    async with asyncio.timeout(10):
+        for store in stores:
+            await store.aclose()
+
+
+@pytest.fixture
+async def make_backend(remote: Path) -> AsyncIterator[MakeBackend]:
+    """Build checkpoint stores (the protocol over an SSH store, as the daemon opens them)
+    for a server, as ``make_store`` does; closed at teardown."""
+    need_module("asyncssh")
+    backends: list[CheckpointStore] = []
+
+    def make(server: SSHServer, run: str = "run1", **overrides: Any) -> CheckpointStore:
+        _need_tools(overrides)
+        backend = open_storage(ssh_config(server, remote, **overrides), run)
         backends.append(backend)
         return backend
 
@@ -147,11 +179,12 @@ Store = Callable[..., Awaitable[Manifest]]
 
 @pytest.fixture
 def store(journal: Journal) -> Store:
-    """``await store(backend, tag, root, files, session=None)`` does what the streamer does:
-    journal the files, upload those not stored yet, commit the manifest."""
+    """``await store(backend, tag, root, files, session=None)`` does what the streamer does
+    (through the checkpoint protocol): journal the files, upload those not stored yet,
+    commit the manifest."""
 
     async def run(
-        backend: Storage, tag: str, root: Path, files: list[LocalFile],
+        backend: CheckpointStore, tag: str, root: Path, files: list[LocalFile],
         session: JournalSession | None = None,
     ) -> Manifest:
         if await journal.get(tag) is None:

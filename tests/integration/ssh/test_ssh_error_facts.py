@@ -4,7 +4,9 @@ errors are translated, against a real sshd."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.integration.ssh.conftest import ssh_config
@@ -33,3 +35,19 @@ async def test_no_such_file_carries_its_sftp_status(sshd: SSHServer, remote: Pat
     finally:
         async with asyncio.timeout(10):
             await link.aclose()
+
+
+async def test_a_missing_object_read_by_range_is_missing(
+    sshd: SSHServer, make_store: Callable[..., Any], remote: Path
+) -> None:
+    """The store's ranged read of a key that is not there fails as missing, naming the
+    remote path it read; whole reads and stats of it are None instead."""
+    objects = make_store(sshd)
+    async with asyncio.timeout(30):
+        with pytest.raises(StorageError) as caught:
+            await objects.get_range("checkpoint-1/nope.bin", 0, 10)
+        assert await objects.get("checkpoint-1/nope.bin") is None
+        assert await objects.head("checkpoint-1/nope.bin") is None
+    error = caught.value
+    assert (error.code, error.missing, error.transient) == ("FX_NO_SUCH_FILE", True, False)
+    assert error.op == f"read {remote / 'store/run1/checkpoint-1/nope.bin'}"

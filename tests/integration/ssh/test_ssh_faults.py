@@ -139,18 +139,18 @@ async def _kill_when_growing(tag_dir: Path, name: str, kill: Callable[[], None])
 
 
 async def test_upload_gives_up_as_transient_when_the_host_stays_down(
-    sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint, journal: Journal,
+    sshd: SSHServer, make_store: Callable[..., Any], checkpoint: Checkpoint, journal: Journal,
 ) -> None:
     """After ``retries`` reconnects the error is transient, so the streamer retries later."""
-    backend = make_backend(sshd, retries=2, backoff_initial=0.01, backoff_max=0.02)
+    objects = make_store(sshd, retries=2, backoff_initial=0.01, backoff_max=0.02)
     root, files = checkpoint("checkpoint-3", {"a.bin": b"a"})
     await journal.staged("checkpoint-3", 3, root, files)
     await sshd.stop()
     with capture_logs() as logs:
         async with asyncio.timeout(20):
             with pytest.raises(TransientStorageError, match="connection refused"):
-                await backend.upload("checkpoint-3", root, files,
-                                     JournalSession(journal, "checkpoint-3", lambda n: None))
+                await objects.send("checkpoint-3/", root, files,
+                                   JournalSession(journal, "checkpoint-3", lambda n: None))
     assert [e["attempt"] for e in logs if e["event"] == "ssh_retry"] == [1, 2]
 
 
@@ -167,7 +167,7 @@ async def test_upload_gives_up_as_transient_when_the_host_stays_down(
 )
 async def test_probe_says_what_fails(
     case: str, expected: str, start_sshd: Callable[..., SSHServer],
-    make_backend: Callable[..., Any], tmp_path: Path,
+    make_store: Callable[..., Any], tmp_path: Path,
 ) -> None:
     """``probe`` (check-config) names the failing step: DNS, refused, auth, permissions."""
     server = start_sshd(read_only_sftp=case == "read_only")
@@ -180,10 +180,10 @@ async def test_probe_says_what_fails(
         "read_only": {},
         "not_a_directory": {"remote_path": str(tmp_path / "a-file" / "store")},
     }
-    backend = make_backend(server, **options[case])
+    objects = make_store(server, **options[case])
     async with asyncio.timeout(20):
         with pytest.raises(StorageError) as caught:
-            await backend.probe()
+            await objects.probe()
     assert expected in str(caught.value)
     if case == "read_only":
         assert "permission denied" in str(caught.value)
@@ -191,11 +191,18 @@ async def test_probe_says_what_fails(
 
 @pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])
 async def test_probe_passes_and_leaves_nothing_behind(
-    transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], remote: Path
+    transfer: str, sshd: SSHServer, make_store: Callable[..., Any], remote: Path
 ) -> None:
-    """A successful probe creates remote_path and removes its probe file (rsync mode also
-    checks rsync runs at both ends, openssh mode that ssh starts the SFTP subsystem)."""
+    """A successful probe creates remote_path and removes its probe files (rsync mode also
+    checks rsync runs at both ends, openssh mode that ssh starts the SFTP subsystem), and
+    finds the exclusive create exclusive, which ``capabilities`` then says without asking."""
+    objects = make_store(sshd, transfer=transfer)
     async with asyncio.timeout(20):
-        await make_backend(sshd, transfer=transfer).probe()
+        await objects.probe()
+        before = len(sshd.sftp_operations())
+        caps = await objects.capabilities()
+    assert (caps.create, caps.update) == (True, False)
+    assert caps.claim.startswith("exclusive create over SFTP")
+    assert len(sshd.sftp_operations()) == before  # remembered from the probe
     assert [p.relative_to(remote).as_posix() for p in remote.rglob("*")] == [
         "store", "store/run1"]

@@ -29,8 +29,13 @@ ODD_NAMES = {
     "a b.bin": b"space", "ü/ñ.json": b'{"n": 1}', "x;rm -rf ~": b"semicolon",
     "`touch pwned`": b"backticks", "$(touch pwned) 'q' \"dq\".bin": b"quotes and dollar",
     "dir with space/日本語 ünï.bin": b"nested unicode", "-- lead": b"dashes",
+    "#comment.bin": b"hash first", ";comment.bin": b"semicolon first",
+    "sub/#deeper ;x.bin": b"hash first, nested", "~tilde": b"tilde first",
 }
-"""Legal file names that a shell, a URL or rsync would misread if handed over unquoted."""
+"""Legal file names that a shell, a URL or rsync would misread if handed over unquoted (rsync
+reads a ``--files-from`` entry starting with ``#`` or ``;`` as a comment)."""
+HOSTILE_KEYS = ["../x", "/etc/passwd", "a/../../b", "a//b", "./a", "a/.", "new\nline", "nul\0",
+                ""]
 
 
 @pytest.mark.parametrize("tag", HOSTILE_TAGS)
@@ -58,20 +63,43 @@ async def test_hostile_tag_is_rejected_everywhere(
     assert sshd.sftp_operations() == []  # not even a connection was needed
 
 
+@pytest.mark.parametrize("key", HOSTILE_KEYS)
+async def test_hostile_key_is_rejected_by_every_primitive(
+    key: str, sshd: SSHServer, make_store: Callable[..., Any], remote: Path, tmp_path: Path
+) -> None:
+    """Every primitive of the SSH store refuses a key that could leave the run's root before
+    touching the remote host."""
+    objects = make_store(sshd)
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: objects.put(key, b"x"), lambda: objects.get(key),
+        lambda: objects.get_range(key, 0, 1), lambda: objects.head(key),
+        lambda: objects.list(f"{key}/"), lambda: objects.list_dirs(f"{key}/"),
+        lambda: objects.delete(["t/ok", key]),
+        lambda: objects.fetch(f"{key}/", [LocalFile("a.bin", 1)], tmp_path / "dl",
+                              lambda n: None),
+    ]
+    async with asyncio.timeout(10):
+        for call in calls:
+            with pytest.raises(UnsafePathError):
+                await call()
+    assert list(remote.iterdir()) == []
+    assert sshd.sftp_operations() == []  # not even a connection was needed
+
+
 @pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])
 @pytest.mark.parametrize("path", HOSTILE_PATHS)
 async def test_hostile_file_name_is_rejected(
-    path: str, transfer: str, sshd: SSHServer, make_backend: Callable[..., Any], remote: Path,
+    path: str, transfer: str, sshd: SSHServer, make_store: Callable[..., Any], remote: Path,
     tmp_path: Path,
 ) -> None:
     """An unsafe relative path fails the whole upload before anything is written remotely."""
-    backend = make_backend(sshd, transfer=transfer)
+    objects = make_store(sshd, transfer=transfer)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "ok.bin").write_bytes(b"ok")
     files = [LocalFile("ok.bin", 2), LocalFile(path, 1)]
     async with asyncio.timeout(10):
         with pytest.raises(UnsafePathError):
-            await backend.upload("checkpoint-1", tmp_path / "src", files, NoSession())
+            await objects.send("checkpoint-1/", tmp_path / "src", files, NoSession())
     assert list(remote.iterdir()) == []
 
 

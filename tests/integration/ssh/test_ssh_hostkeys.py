@@ -23,42 +23,42 @@ def _fingerprint(public_line: str) -> str:
     return str(asyncssh.import_public_key(public_line).get_fingerprint())
 
 
-async def _probe_error(backend: Any) -> str:
+async def _probe_error(objects: Any) -> str:
     async with asyncio.timeout(20):
         with pytest.raises(StorageError) as caught:
-            await backend.probe()
+            await objects.probe()
     return str(caught.value)
 
 
 async def test_unknown_host_key_is_refused(
-    sshd: SSHServer, make_backend: Callable[..., Any], tmp_path: Path
+    sshd: SSHServer, make_store: Callable[..., Any], tmp_path: Path
 ) -> None:
     """A host missing from known_hosts is refused, naming its fingerprint and ssh-keyscan."""
     known_hosts = tmp_path / "empty_known_hosts"
     known_hosts.write_text("")
-    message = await _probe_error(make_backend(sshd, known_hosts=known_hosts))
+    message = await _probe_error(make_store(sshd, known_hosts=known_hosts))
     assert "host key not known" in message
     assert _fingerprint(sshd.host_key.public) in message
     assert f"ssh-keyscan -p {sshd.port} {HOST} >> {known_hosts}" in message
 
 
 async def test_missing_known_hosts_file_is_refused(
-    sshd: SSHServer, make_backend: Callable[..., Any], tmp_path: Path
+    sshd: SSHServer, make_store: Callable[..., Any], tmp_path: Path
 ) -> None:
     """A known_hosts path that does not exist trusts nothing, and the error says so."""
-    message = await _probe_error(make_backend(sshd, known_hosts=tmp_path / "nope"))
+    message = await _probe_error(make_store(sshd, known_hosts=tmp_path / "nope"))
     assert "host key not known" in message
     assert "does not exist" in message
 
 
 async def test_changed_host_key_is_refused(
-    sshd: SSHServer, make_backend: Callable[..., Any], tmp_path: Path
+    sshd: SSHServer, make_store: Callable[..., Any], tmp_path: Path
 ) -> None:
     """A host whose key differs from known_hosts is refused as a possible attack."""
     other = keygen(tmp_path / "other_host_key")
     known_hosts = tmp_path / "stale_known_hosts"
     known_hosts.write_text(sshd.known_hosts_line(other.public) + "\n")
-    message = await _probe_error(make_backend(sshd, known_hosts=known_hosts))
+    message = await _probe_error(make_store(sshd, known_hosts=known_hosts))
     assert "HOST KEY CHANGED" in message
     assert _fingerprint(sshd.host_key.public) in message  # what the server offered
     assert _fingerprint(other.public) in message  # what known_hosts expected
@@ -66,14 +66,14 @@ async def test_changed_host_key_is_refused(
 
 
 async def test_upload_refuses_changed_host_key_without_retrying(
-    sshd: SSHServer, make_backend: Callable[..., Any], tmp_path: Path, remote: Path
+    sshd: SSHServer, make_store: Callable[..., Any], tmp_path: Path, remote: Path
 ) -> None:
     """A host key problem is permanent: no reconnect loop, no file written."""
     other = keygen(tmp_path / "other_host_key")
     known_hosts = tmp_path / "stale_known_hosts"
     known_hosts.write_text(sshd.known_hosts_line(other.public) + "\n")
-    backend = make_backend(sshd, known_hosts=known_hosts, retries=5, backoff_initial=2,
-                           backoff_max=2)
+    objects = make_store(sshd, known_hosts=known_hosts, retries=5, backoff_initial=2,
+                         backoff_max=2)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "a.bin").write_bytes(b"a")
     from traind.storage import LocalFile
@@ -81,23 +81,23 @@ async def test_upload_refuses_changed_host_key_without_retrying(
     with capture_logs() as logs:
         async with asyncio.timeout(10):
             with pytest.raises(StorageError, match="HOST KEY CHANGED"):
-                await backend.upload("checkpoint-1", tmp_path / "ckpt", [LocalFile("a.bin", 1)],
-                                     NoSession())
+                await objects.send("checkpoint-1/", tmp_path / "ckpt",
+                                   [LocalFile("a.bin", 1)], NoSession())
     assert not [e for e in logs if e["event"] == "ssh_retry"]
     assert not [p for p in remote.rglob("*") if p.is_file()]
 
 
 async def test_insecure_skip_connects_with_a_loud_warning(
-    sshd: SSHServer, make_backend: Callable[..., Any], tmp_path: Path
+    sshd: SSHServer, make_store: Callable[..., Any], tmp_path: Path
 ) -> None:
     """insecure_skip_host_key_check connects to an unknown host and warns on every connect."""
     known_hosts = tmp_path / "empty_known_hosts"
     known_hosts.write_text("")
-    backend = make_backend(sshd, known_hosts=known_hosts, insecure_skip_host_key_check=True)
+    objects = make_store(sshd, known_hosts=known_hosts, insecure_skip_host_key_check=True)
     with capture_logs() as logs:
         async with asyncio.timeout(20):
-            await backend.probe()
-            await backend.probe()
+            await objects.probe()
+            await objects.probe()
     warnings = [e for e in logs if e["event"] == "ssh_host_key_check_disabled"]
     assert len(warnings) == 2
     assert warnings[0]["log_level"] == "warning"

@@ -69,20 +69,23 @@ async def test_small_files_share_a_connection_large_ones_get_their_own(
 
 
 async def test_a_cancelled_upload_stops_its_ssh(
-    sshd: SSHServer, make_backend: Callable[..., Any], journal: Journal, remote: Path,
+    sshd: SSHServer, make_store: Callable[..., Any], journal: Journal, remote: Path,
     tmp_path: Path,
 ) -> None:
     """Cancelling an upload mid-file stops and reaps its ssh at once; nothing is published."""
-    backend = make_backend(sshd, transfer="openssh")
+    objects = make_store(sshd, transfer="openssh")
     root = tmp_path / "staging"
     root.mkdir()
     files = [_sparse(root, "big.bin", 512 * MiB)]
     await journal.staged("checkpoint-1", 1, root, files)
     moving = asyncio.Event()
     loop = asyncio.get_running_loop()
-    session = JournalSession(journal, "checkpoint-1",
-                             lambda n: loop.call_soon_threadsafe(moving.set))
-    upload = asyncio.create_task(backend.upload("checkpoint-1", root, files, session))
+
+    def moved(nbytes: int) -> None:  # called in the transfer's thread
+        loop.call_soon_threadsafe(moving.set)
+
+    session = JournalSession(journal, "checkpoint-1", moved)
+    upload = asyncio.create_task(objects.send("checkpoint-1/", root, files, session))
     async with asyncio.timeout(30):
         await moving.wait()
         assert _our_ssh_processes()

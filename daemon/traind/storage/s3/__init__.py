@@ -1,1 +1,2 @@
-"""The S3 backend (aiobotocore): client, errors and retries, multipart upload, ranged download."""
+"""The S3 store (aiobotocore): its primitives, client, errors and retries, conditional writes,
+multipart upload, ranged download."""

@@ -1,1 +1,2 @@
-"""The SSH backend: the asyncssh link, SFTP and rsync transfers, and the opt-in openssh client."""
+"""The SSH store: its primitives (``store``), the asyncssh link, SFTP and rsync transfers,
+and the opt-in openssh client."""

@@ -1,12 +1,13 @@
 """The optional ``transfer = "rsync"`` mode: the system ``rsync`` over ``ssh``.
 
 Same host-key policy as the SFTP mode (``command``). No shell string is built from a
-path: file names go to rsync NUL-separated on stdin (``--files-from=- --from0``) and
-``--secluded-args`` hands the remote rsync its arguments through the protocol. rsync writes
-each file in a scratch directory (``--temp-dir``, removed afterwards), fsyncs it (``--fsync``)
-and renames it into place. sha256 for the manifest is computed locally while rsync runs; a
-rerun after a dropped connection skips the files rsync already finished. Bytes sent are
-reported as rsync's ``--info=progress2`` counts them, so progress moves during a big file.
+path: file names go to rsync NUL-separated on stdin (``--files-from=- --from0``, each as
+``./<name>``, see ``files_from``) and ``--secluded-args`` hands the remote rsync its
+arguments through the protocol. rsync writes each file in a scratch directory
+(``--temp-dir``, removed afterwards), fsyncs it (``--fsync``) and renames it into place.
+sha256 for the manifest is computed locally while rsync runs; a rerun after a dropped
+connection skips the files rsync already finished. Bytes sent are reported as rsync's
+``--info=progress2`` counts them, so progress moves during a big file.
 """
 
 from __future__ import annotations
@@ -98,13 +99,20 @@ class RsyncTransfer:
         advance: Callable[[int], None],
     ) -> None:
         argv = rsync_argv(self._config, self._link.known_hosts, root, remote_dir)
-        listing = b"\0".join(f.path.encode() for f in files) + b"\0"
+        listing = files_from(files)
 
         async def attempt() -> None:
             with counted(advance) as moved:  # a failed run's bytes are counted by its rerun
                 await _run(argv, listing, self._link, moved)
 
         await retrying(self._config, "rsync", attempt)
+
+
+def files_from(files: Sequence[LocalFile]) -> bytes:
+    """The ``--files-from=- --from0`` list naming ``files``: each as ``./<path>``, because
+    rsync skips an entry starting with ``#`` or ``;`` as a comment (and an empty one); the
+    ``./`` is where ``--relative`` starts the stored name, so it stays exactly ``<path>``."""
+    return b"".join(b"./" + f.path.encode() + b"\0" for f in files)
 
 
 async def probe(link: SSHLink, conn: asyncssh.SSHClientConnection) -> None:

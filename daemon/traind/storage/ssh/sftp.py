@@ -117,12 +117,19 @@ async def _get_file(
 
 
 async def write_bytes(sftp: asyncssh.SFTPClient, remote: str, data: bytes) -> None:
-    """Write a small file atomically: temporary name, fsync, rename."""
-    part = temporary_name(remote)
-    async with await sftp.open(part, "wb") as f:
-        await f.write(data)
-        await _fsync(f)
-    await rename(sftp, part, remote)
+    """Write a small file atomically: temporary name, fsync, rename. The name is this
+    call's own, so two writers replacing one file at once never write into each other's."""
+    part = unique_temporary_name(remote)
+    f = await sftp.open(part, "wb")
+    try:
+        async with f:
+            await f.write(data)
+            await _fsync(f)
+        await rename(sftp, part, remote)
+    except Exception:
+        with contextlib.suppress(asyncssh.Error, OSError):  # the first failure is the one raised
+            await remove(sftp, part)
+        raise
 
 
 async def create_new(sftp: asyncssh.SFTPClient, remote: str, data: bytes) -> bool:

@@ -1,4 +1,5 @@
-"""The S3 backend against a real SeaweedFS: round trip, multipart, errors, probe, cleanup."""
+"""The S3 store against a real SeaweedFS, alone and under the checkpoint protocol: round
+trip, multipart, errors, probe, cleanup."""
 
 from __future__ import annotations
 
@@ -28,23 +29,31 @@ from tests.support.seaweed import READONLY_ACCESS_KEY, READONLY_SECRET_KEY, Seaw
 
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
-from traind.layout.keys import MANIFEST_NAME
+from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest
-from traind.storage.s3 import backend as s3
+from traind.protocol import CheckpointStore
+from traind.storage import LocalFile
 from traind.storage.s3 import client as s3_client
-from traind.storage.s3.backend import S3Backend
+from traind.storage.s3 import store as s3
 from traind.storage.s3.buffers import PartBody
 from traind.storage.s3.client import Ops
+from traind.storage.s3.store import S3Store
 from traind.storage.s3.upload import Resume
 
 pytestmark = pytest.mark.timeout(60)
-Make = Callable[[S3Storage], S3Backend]
+Make = Callable[[S3Storage], CheckpointStore]
+MakeStore = Callable[[S3Storage], S3Store]
 
 
 def manifest_of(tag: str, root: Path, done: dict[str, str]) -> Manifest:
-    """The manifest the streamer would write for what the backend reported."""
+    """The manifest the streamer would write for what the store reported."""
     files = tuple(FileEntry(p, (root / p).stat().st_size, sha) for p, sha in sorted(done.items()))
     return Manifest(run="run1", tag=tag, step=int(tag.rpartition("-")[2]), files=files)
+
+
+def files_of(manifest: Manifest) -> list[LocalFile]:
+    """The files of ``manifest`` as a fetch takes them."""
+    return [LocalFile(f.path, f.size) for f in manifest.files]
 
 
 def keys_under(server: SeaweedS3, bucket: str, prefix: str) -> list[str]:
@@ -61,7 +70,7 @@ async def test_round_trip(
     s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, sent: list[Sent],
 ) -> None:
     """Upload, commit, list, download and delete keep every byte and the manifest contract,
-    with every file's bytes sent as a zero-copy ``PartBody``; the backend logs no event of
+    with every file's bytes sent as a zero-copy ``PartBody``; the store logs no event of
     its own for them (checkpoint_committed and checkpoint_restored are those facts' one
     event)."""
     root = tmp_path / "checkpoint-100"
@@ -100,17 +109,16 @@ async def test_round_trip(
 
 
 async def test_multipart_upload(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore, tmp_path: Path
 ) -> None:
     """A 20 MiB file goes up as 5 MiB parts and reads back byte for byte, in ranges."""
     root = tmp_path / "checkpoint-7"
     files = make_checkpoint(root, {"shard.bin": 20 * MIB + 5})
-    backend = backends(s3_config(s3_server, bucket, part_size="5MiB", concurrency=3))
+    store = stores(s3_config(s3_server, bucket, part_size="5MiB", concurrency=3))
     session = RecordingSession()
     async with asyncio.timeout(30):
-        await backend.upload("checkpoint-7", root, files, session)
-        manifest = manifest_of("checkpoint-7", root, session.done)
-        got = await backend.download(manifest, tmp_path / "out", lambda n: None)
+        await store.send("checkpoint-7/", root, files, session)
+        got = await store.fetch("checkpoint-7/", files, tmp_path / "out", lambda n: None)
     client = s3_server.client()
     head = client.head_object(Bucket=bucket, Key="ckpts/run1/checkpoint-7/shard.bin")
     client.close()
@@ -139,11 +147,11 @@ async def test_listing_pages_and_deleting_in_batches(
             await backend.upload(tag, root, files, session)
             await backend.commit(manifest_of(tag, root, session.done))
         assert [m.tag for m in await backend.manifests()] == tags
-    calls: list[tuple[str, str | None, int]] = []
+    calls: list[tuple[str, list[str]]] = []
     original = Ops.call
 
     async def spy(self: Ops, op: str, key: str | None = None, **params: Any) -> Any:
-        calls.append((op, key, len(params.get("Delete", {}).get("Objects", []))))
+        calls.append((op, [o["Key"] for o in params.get("Delete", {}).get("Objects", [])]))
         return await original(self, op, key, **params)
 
     monkeypatch.setattr(Ops, "call", spy)
@@ -151,9 +159,13 @@ async def test_listing_pages_and_deleting_in_batches(
         await backend.delete("checkpoint-3")
         left = [m.tag for m in await backend.manifests()]
     assert left == [t for t in tags if t != "checkpoint-3"]
-    assert calls[0] == ("delete_object", "ckpts/run1/checkpoint-3/" + MANIFEST_NAME, 0)
-    assert [n for op, _, n in calls if op == "delete_objects"] == [2, 1]
-    assert keys_under(s3_server, bucket, "ckpts/run1/checkpoint-3/") == []
+    prefix = "ckpts/run1/checkpoint-3/"
+    # Each batch ends with the directories of its keys (for stores that list them empty).
+    assert calls[0] == ("delete_objects", [prefix + MANIFEST_NAME, prefix])
+    assert [keys for op, keys in calls if op == "delete_objects"][1:] == [
+        [prefix + "a.bin", prefix + "b.bin"], [prefix + "c.json", prefix],
+        [prefix + CLAIM_NAME, prefix]]
+    assert keys_under(s3_server, bucket, prefix) == []
 
 
 async def test_a_malformed_manifest_is_left_out_and_named(
@@ -180,7 +192,7 @@ async def test_a_malformed_manifest_is_left_out_and_named(
 
 
 async def test_when_required_sends_no_checksums(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path, sent: list[Sent],
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore, tmp_path: Path, sent: list[Sent],
 ) -> None:
     """``request_checksum_calculation = "when_required"`` (for stores that refuse them) sends
     no CRC32 with parts or whole objects; the default sends one with each."""
@@ -188,15 +200,14 @@ async def test_when_required_sends_no_checksums(
     for setting, tag in (("when_required", "checkpoint-1"), ("when_supported", "checkpoint-2")):
         root = tmp_path / tag
         files = make_checkpoint(root, sizes)
-        backend = backends(s3_config(s3_server, bucket, request_checksum_calculation=setting))
+        store = stores(s3_config(s3_server, bucket, request_checksum_calculation=setting))
         session = RecordingSession()
         sent.clear()
         async with asyncio.timeout(30):
-            await backend.upload(tag, root, files, session)
+            await store.send(f"{tag}/", root, files, session)
         headers = [r.headers for r in sent if r.op in {"PutObject", "UploadPart"}]
         async with asyncio.timeout(30):
-            manifest = manifest_of(tag, root, session.done)
-            got = await backend.download(manifest, tmp_path / f"out-{tag}", lambda n: None)
+            got = await store.fetch(f"{tag}/", files, tmp_path / f"out-{tag}", lambda n: None)
         assert got == session.done
         assert len(headers) == 3  # two parts and the small file
         with_crc = ["x-amz-checksum-crc32" in h for h in headers]
@@ -204,22 +215,21 @@ async def test_when_required_sends_no_checksums(
 
 
 async def test_max_bandwidth_caps_uploads_and_restores(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore, tmp_path: Path
 ) -> None:
     """``max_bandwidth`` holds both directions to its rate (after a burst of one second's
     worth): 24 MiB at 8 MiB/s take at least 2 s each way."""
     root = tmp_path / "checkpoint-4"
     files = make_checkpoint(root, {"shard.bin": 20 * MIB, "config.json": 4 * MIB})
-    backend = backends(s3_config(s3_server, bucket, max_bandwidth="8MiB"))
+    store = stores(s3_config(s3_server, bucket, max_bandwidth="8MiB"))
     session = RecordingSession()
     async with asyncio.timeout(30):
         started = time.monotonic()
-        await backend.upload("checkpoint-4", root, files, session)
+        await store.send("checkpoint-4/", root, files, session)
         up = time.monotonic() - started
-        manifest = manifest_of("checkpoint-4", root, session.done)
-        again = backends(s3_config(s3_server, bucket, max_bandwidth="8MiB"))
+        again = stores(s3_config(s3_server, bucket, max_bandwidth="8MiB"))
         started = time.monotonic()
-        await again.download(manifest, tmp_path / "out", lambda n: None)
+        await again.fetch("checkpoint-4/", files, tmp_path / "out", lambda n: None)
         down = time.monotonic() - started
     assert up >= 1.9, up
     assert down >= 1.9, down
@@ -242,16 +252,16 @@ class SlowJournal(RecordingSession):
 
 
 async def test_slow_resume_saves_do_not_queue_one_per_part(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore, tmp_path: Path
 ) -> None:
     """Parts finishing while a save is under way share the next save: a slow journal costs
     a few saves' time, not one per part, and every part still ends up recorded."""
     root = tmp_path / "checkpoint-3"
     files = make_checkpoint(root, {"shard.bin": 16 * 5 * MIB})
-    backend = backends(s3_config(s3_server, bucket, part_size="5MiB", concurrency=4))
+    store = stores(s3_config(s3_server, bucket, part_size="5MiB", concurrency=4))
     session = SlowJournal(delay=0.5)
     async with asyncio.timeout(30):
-        await backend.upload("checkpoint-3", root, files, session)
+        await store.send("checkpoint-3/", root, files, session)
     done = [set(r.parts) for r in session.saved[1:]]  # [0]: the new upload, before any part
     assert len(done) < 16 / 2
     assert all(a < b for a, b in itertools.pairwise(done))
@@ -268,16 +278,16 @@ class HeldRecords(RecordingSession):
 
 
 async def test_journal_records_do_not_hold_sending_slots(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore, tmp_path: Path
 ) -> None:
     """A file waiting for its journal record no longer holds its sending slot: with one
     slot, the next files are sent while the first file's record is still unwritten."""
     root = tmp_path / "checkpoint-4"
     files = make_checkpoint(root, {f"rank{i}.distcp": 3000 + i for i in range(4)})
-    backend = backends(s3_config(s3_server, bucket, concurrency=1))
+    store = stores(s3_config(s3_server, bucket, concurrency=1))
     session = HeldRecords(threshold=sum(f.size for f in files))
     async with asyncio.timeout(30):
-        await backend.upload("checkpoint-4", root, files, session)
+        await store.send("checkpoint-4/", root, files, session)
     assert sorted(session.done) == sorted(f.path for f in files)
 
 
@@ -292,7 +302,7 @@ def is_open(fd: int) -> bool:
 
 
 async def test_cancelled_upload_closes_its_file_after_the_read_in_flight(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A cancelled upload leaves a part's read running in its thread: the file stays open
@@ -311,8 +321,8 @@ async def test_cancelled_upload_closes_its_file_after_the_read_in_flight(
         return real(fd, buffers, offset)
 
     monkeypatch.setattr(os, "preadv", held)
-    backend = backends(s3_config(s3_server, bucket))
-    task = asyncio.create_task(backend.upload("checkpoint-2", root, files, RecordingSession()))
+    store = stores(s3_config(s3_server, bucket))
+    task = asyncio.create_task(store.send("checkpoint-2/", root, files, RecordingSession()))
     assert await asyncio.to_thread(entered.wait, 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -336,62 +346,62 @@ async def test_cancelled_upload_closes_its_file_after_the_read_in_flight(
     ],
 )
 async def test_permanent_errors_fail_fast(
-    s3_server: SeaweedS3, bucket: str, backends: Make, tmp_path: Path,
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore, tmp_path: Path,
     overrides: dict[str, str], message: str,
 ) -> None:
     """A wrong bucket or credential raises StorageError naming the problem, without retries
     (a 4 MiB body: the store may answer before it has read it all)."""
     files = make_checkpoint(tmp_path, {"a.bin": 4 * MIB})
-    backend = backends(s3_config(s3_server, **({"bucket": bucket} | overrides)))
+    store = stores(s3_config(s3_server, **({"bucket": bucket} | overrides)))
     started = time.monotonic()
     with pytest.raises(StorageError, match=message) as info:
         async with asyncio.timeout(10):
-            await backend.upload("checkpoint-1", tmp_path, files, RecordingSession())
+            await store.send("checkpoint-1/", tmp_path, files, RecordingSession())
     assert not isinstance(info.value, TransientStorageError)
     assert "wrong-secret" not in str(info.value)
     assert time.monotonic() - started < 3
 
 
-async def test_unreachable_endpoint_fails_fast(backends: Make, tmp_path: Path) -> None:
+async def test_unreachable_endpoint_fails_fast(stores: MakeStore, tmp_path: Path) -> None:
     """An endpoint where nothing listens is reported as unreachable at once, not retried,
     and as transient: it may be a store that is down for now."""
     (port,) = free_ports(1)
     config = S3Storage(type="s3", bucket="b", endpoint_url=f"http://127.0.0.1:{port}",
                        region="us-east-1", access_key_id=SecretStr("k"),
                        secret_access_key=SecretStr("s"))
-    backend = backends(config)
+    store = stores(config)
     started = time.monotonic()
     with pytest.raises(StorageError, match=f"cannot reach the S3 endpoint http://127.0.0.1:{port}"
                        ) as caught:
         async with asyncio.timeout(10):
-            await backend.manifests()
+            await store.list_dirs()
     assert time.monotonic() - started < 3
     assert isinstance(caught.value, TransientStorageError)
 
 
 async def test_probe_reports_the_failing_step(
-    s3_server: SeaweedS3, bucket: str, backends: Make
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore
 ) -> None:
     """probe() passes with write access and names the step that fails otherwise."""
     async with asyncio.timeout(20):
-        await backends(s3_config(s3_server, bucket)).probe()
-        reader = backends(s3_config(s3_server, bucket, access_key_id=READONLY_ACCESS_KEY,
+        await stores(s3_config(s3_server, bucket)).probe()
+        reader = stores(s3_config(s3_server, bucket, access_key_id=READONLY_ACCESS_KEY,
                                     secret_access_key=READONLY_SECRET_KEY))
         with pytest.raises(StorageError, match="probe failed at write probe object: access denied"):
             await reader.probe()
-        wrong = backends(s3_config(s3_server, bucket, secret_access_key="wrong-secret"))
+        wrong = stores(s3_config(s3_server, bucket, secret_access_key="wrong-secret"))
         with pytest.raises(StorageError, match="probe failed at head bucket: the secret access"):
             await wrong.probe()
-        missing = backends(s3_config(s3_server, "missing-bucket"))
+        missing = stores(s3_config(s3_server, "missing-bucket"))
         with pytest.raises(StorageError, match="probe failed at head bucket: bucket 'missing"):
             await missing.probe()
     assert keys_under(s3_server, bucket, "") == []
 
 
 async def test_cleanup_aborts_abandoned_uploads(
-    s3_server: SeaweedS3, bucket: str, backends: Make
+    s3_server: SeaweedS3, bucket: str, stores: MakeStore
 ) -> None:
-    """cleanup() aborts our run's multipart uploads except those kept, and nobody else's."""
+    """abort_uploads() aborts our run's multipart uploads except those kept, and nobody else's."""
     client = s3_server.client()
     try:
         def start(key: str) -> str:
@@ -403,7 +413,8 @@ async def test_cleanup_aborts_abandoned_uploads(
         other = start("ckpts/run2/checkpoint-4/a.bin")
         async with asyncio.timeout(20):
             state = Resume(kept, "ckpts/run1/checkpoint-5/a.bin", 1, 1, 5 * MIB, crc=False)
-            aborted = await backends(s3_config(s3_server, bucket)).cleanup([state.to_json()])
+            aborted = await stores(s3_config(s3_server, bucket)).abort_uploads(
+                "", [state.to_json()])
         left = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     finally:
         client.close()

@@ -1,6 +1,6 @@
-"""The one decision every backend's ``claim`` and ``commit`` make: whose tag is it?
+"""The one decision every claim and commit makes: whose tag is it?
 
-Pure: a backend reads what the store holds (a claim, a manifest) and asks here whether
+Pure: the protocol reads what the store holds (a claim, a manifest) and asks here whether
 this writer may go on; ``ConflictError`` carries both writers for the log and the CLI.
 A claim is a lease: its holder renews it while it uploads, and one not renewed for
 ``claim_ttl`` without a manifest is stale (its writer died mid-upload), so another writer

@@ -1,46 +1,31 @@
-"""Every PartStore against its real store — a local directory, SeaweedFS over S3 (with
-conditional writes and with the listing fallback) and OpenSSH's sshd over SFTP (and the
-openssh and rsync transfers): part claims per node rank, files never stored over another host's,
-part manifests, the union committed, and nothing of a pruned checkpoint left behind; and
-each AgreementStore method, with its reserved directory never taken for a checkpoint."""
+"""The multi-node half of the protocol on every store (tests/conformance/conftest.py):
+part claims per node rank, files never stored over another host's, part manifests, the union
+committed, nothing of a pruned checkpoint left behind; and the resume agreement, with its
+reserved directory never taken for a checkpoint."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 import pytest
-from tests.support.requires import need_binary, need_module
-from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
-from tests.support.sshd import HOST, SSHServer
+from tests.conformance.conftest import Stores
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
 from traind.checkpoints.watcher import StageResult
-from traind.config import LocalStorage, S3Storage, SSHStorage
 from traind.errors import ConflictError
 from traind.layout.keys import AGREEMENT_DIR
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError, union
 from traind.nodes import NodeRank
-from traind.storage import LocalFile, PartStore, Storage
-from traind.storage.base import AgreementStore
-from traind.storage.local import LocalBackend
+from traind.protocol import CheckpointStore
+from traind.storage import LocalFile
 
 W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
 TAG = "checkpoint-4"
-KINDS = ["local", "s3", "s3-listed", "ssh", "ssh-openssh", "ssh-rsync"]
-
-
-class Backend(Storage, PartStore, AgreementStore, Protocol):
-    """What every store here is: a Storage that stores parts and the resume agreement."""
 
 
 class Session:
@@ -62,108 +47,6 @@ class Session:
         return None
 
 
-@dataclass
-class Stores:
-    """Backends of one store for several hosts, and what the store holds under a tag."""
-
-    make: Callable[[], Backend]
-    names: Callable[[str], list[str]]
-    """Every object or file name under ``<run>/<tag>/``, sorted (claims included)."""
-
-
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
-    """One SeaweedFS for the S3 cases of this module."""
-    need_module("aiobotocore")
-    with running_seaweed(need_binary("weed"), tmp_path_factory.mktemp("seaweed")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
-    """One sshd for the SSH cases of this module."""
-    need_module("asyncssh")
-    server = SSHServer(need_binary("sshd"), tmp_path_factory.mktemp("sshd"))
-    server.start_sync()
-    try:
-        yield server
-    finally:
-        server.stop_sync()
-
-
-@pytest.fixture(params=KINDS)
-async def stores(request: pytest.FixtureRequest, tmp_path: Path,
-                 monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stores]:
-    """Backends of a fresh store of the parameter's kind, closed after the test."""
-    kind = str(request.param)
-    made: list[Backend] = []
-    names: Callable[[str], list[str]]
-    build: Callable[[], Any]
-    if kind == "local":
-        config_l = LocalStorage(path=tmp_path / "store")
-        build = functools.partial(LocalBackend, config_l, "run")
-        names = functools.partial(_tree, tmp_path / "store" / "run")
-    elif kind.startswith("s3"):
-        from traind.storage.s3.backend import S3Backend
-
-        server: SeaweedS3 = request.getfixturevalue("seaweed")
-        monkeypatch.setenv("TRAIND_S3_CONDITIONAL", "0" if kind == "s3-listed" else "1")
-        bucket = f"t-{uuid.uuid4().hex[:12]}"
-        server.create_bucket(bucket)
-        config_s = s3_config(server.endpoint, bucket)
-        build = functools.partial(S3Backend, config_s, "run")
-        names = functools.partial(_keys, server, bucket)
-    else:
-        from traind.storage.ssh.backend import SSHBackend
-
-        sshd: SSHServer = request.getfixturevalue("sshd")
-        transfer = kind.removeprefix("ssh").removeprefix("-") or "sftp"
-        for tool in {"openssh": ["ssh"], "rsync": ["rsync", "ssh"]}.get(transfer, []):
-            need_binary(tool)
-        config_h = SSHStorage.model_validate({
-            "type": "ssh", "host": HOST, "port": sshd.port, "user": sshd.user,
-            "identity_file": sshd.user_key.path, "known_hosts": sshd.known_hosts,
-            "remote_path": str(tmp_path / "remote"), "connect_timeout": 5, "retries": 3,
-            "backoff_initial": 0.05, "backoff_max": 0.5, "transfer": transfer})
-        build = functools.partial(SSHBackend, config_h, "run")
-        names = functools.partial(_tree, tmp_path / "remote" / "run")
-
-    def make() -> Backend:
-        backend: Backend = build()
-        made.append(backend)
-        return backend
-
-    yield Stores(make, names)
-    async with asyncio.timeout(20):
-        for backend in made:
-            await backend.aclose()
-
-
-def s3_config(endpoint: str, bucket: str, **overrides: Any) -> S3Storage:
-    """A config for ``bucket`` at ``endpoint`` (fast retries, for tests)."""
-    return S3Storage.model_validate({
-        "type": "s3", "bucket": bucket, "prefix": "ckpts", "endpoint_url": endpoint,
-        "region": REGION, "addressing_style": "path", "access_key_id": ACCESS_KEY,
-        "secret_access_key": SECRET_KEY, "retries": 4, "retry_max_delay": 0.5,
-        "connect_timeout": 2.0, "read_timeout": 10.0, **overrides})
-
-
-def _tree(run_dir: Path, tag: str) -> list[str]:
-    root = run_dir / tag
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) \
-        if root.is_dir() else []
-
-
-def _keys(server: SeaweedS3, bucket: str, tag: str) -> list[str]:
-    prefix = f"ckpts/run/{tag}/"
-    client = server.client()
-    try:
-        page = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
-        return sorted(str(o["Key"])[len(prefix):] for o in page.get("Contents", []))
-    finally:
-        client.close()
-
-
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -174,7 +57,7 @@ def part(rank: int, files: dict[str, bytes], writer: Writer) -> Part:
     return Part("run", TAG, 4, rank, 2, writer, entries)
 
 
-async def send(backend: Backend, root: Path, files: dict[str, bytes]) -> Session:
+async def send(backend: CheckpointStore, root: Path, files: dict[str, bytes]) -> Session:
     """Write ``files`` under ``root`` and upload them as a part of TAG."""
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +72,7 @@ async def send(backend: Backend, root: Path, files: dict[str, bytes]) -> Session
 async def test_each_rank_claims_its_own_part(stores: Stores) -> None:
     """Two hosts claim ranks 0 and 1 of one tag; a second writer for a rank is refused, a
     retried claim by its holder is not, and part_claim names each holder."""
-    host0, host1, other = stores.make(), stores.make(), stores.make()
+    host0, host1, other = stores.checkpoints(), stores.checkpoints(), stores.checkpoints()
     async with asyncio.timeout(60):
         await host0.claim_part(TAG, 0, W0)
         await host1.claim_part(TAG, 1, W1)
@@ -199,23 +82,23 @@ async def test_each_rank_claims_its_own_part(stores: Stores) -> None:
         assert await other.part_claim(TAG, 0) == W0
         assert await other.part_claim(TAG, 1) == W1
         assert await other.part_claim(TAG, 2) is None
-    claims = [n for n in stores.names(TAG) if not n.startswith("traind-claims-")]
+    claims = [n for n in await stores.names(TAG) if not n.startswith("traind-claims-")]
     assert claims == ["traind-writer-0.json", "traind-writer-1.json"]  # S3's listing: claimants
 
 
 async def test_single_writer_and_parts_never_share_a_tag(stores: Stores) -> None:
     """A traind of one node cannot take a job's tag, nor a job's host one a single writer
     took; the refused claim leaves nothing behind."""
-    host0, single = stores.make(), stores.make()
+    host0, single = stores.checkpoints(), stores.checkpoints()
     async with asyncio.timeout(60):
         await host0.claim_part(TAG, 0, W0)
         with pytest.raises(ConflictError):
             await single.claim(TAG, OTHER)
-        assert [n for n in stores.names(TAG) if "claims" not in n] == ["traind-writer-0.json"]
+        assert [n for n in await stores.names(TAG) if "claims" not in n] == ["traind-writer-0.json"]
         await single.claim("checkpoint-5", OTHER)
         with pytest.raises(ConflictError):
             await host0.claim_part("checkpoint-5", 1, W1)
-    assert "traind-writer-1.json" not in stores.names("checkpoint-5")
+    assert "traind-writer-1.json" not in await stores.names("checkpoint-5")
 
 
 async def test_same_path_is_stored_once_and_never_overwritten(
@@ -224,7 +107,7 @@ async def test_same_path_is_stored_once_and_never_overwritten(
     """The same relative path from three hosts: equal bytes are kept as stored, other bytes
     are refused (PartsDisagreeError) and the stored file is left untouched, with no
     temporary file left in the store."""
-    hosts = [stores.make() for _ in range(3)]
+    hosts = [stores.checkpoints() for _ in range(3)]
     first = await send(hosts[0], tmp_path / "a", {"config.json": b"same", "__0_0.distcp": b"0"})
     again = await send(hosts[1], tmp_path / "b", {"config.json": b"same", "__1_0.distcp": b"1"})
     assert first.done["config.json"] == again.done["config.json"] == sha(b"same")
@@ -233,7 +116,7 @@ async def test_same_path_is_stored_once_and_never_overwritten(
         await send(hosts[2], tmp_path / "c", {"config.json": b"diff"})
     with pytest.raises(PartsDisagreeError, match=r"config\.json in the store"):
         await send(hosts[2], tmp_path / "d", {"config.json": b"other length"})
-    assert stores.names(TAG) == ["__0_0.distcp", "__1_0.distcp", "config.json"]
+    assert await stores.names(TAG) == ["__0_0.distcp", "__1_0.distcp", "config.json"]
     manifest = Manifest("run", TAG, 4, (FileEntry("config.json", 4, sha(b"same")),))
     async with asyncio.timeout(60):
         got = await hosts[2].download(manifest, tmp_path / "restored", lambda n: None)
@@ -246,7 +129,7 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
     """Part manifests are listed by rank and read back as stored; the union committed by the
     last host is what ``committed`` reads on the other; deleting the checkpoint leaves no
     part, claim or file of it."""
-    host0, host1 = stores.make(), stores.make()
+    host0, host1 = stores.checkpoints(), stores.checkpoints()
     files0 = {"__0_0.distcp": b"zero", ".metadata": b"meta", "config.json": b"{}"}
     files1 = {"__1_0.distcp": b"one", "config.json": b"{}"}
     part0, part1 = part(0, files0, W0), part(1, files1, W1)
@@ -272,10 +155,11 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
         assert await host1.part_ranks(TAG) == set()
         assert await host1.part_claim(TAG, 0) is None
         assert await host1.committed(TAG) is None
-    assert stores.names(TAG) == []
+    assert await stores.names(TAG) == []
 
 
-async def staged_host(tmp_path: Path, rank: int, backend: Backend) -> tuple[Streamer, Journal]:
+async def staged_host(tmp_path: Path, rank: int,
+                      backend: CheckpointStore) -> tuple[Streamer, Journal]:
     """Host ``rank`` of a two-node job with its own part of TAG (one DCP file) staged."""
     src = tmp_path / f"out{rank}" / TAG
     src.mkdir(parents=True)
@@ -293,7 +177,7 @@ async def test_part_pruned_while_waiting_leaves_no_orphan(
 ) -> None:
     """Through the streamer: the host whose part waited learns of the commit, and once
     node 0 pruned the checkpoint, claims nothing again: no orphan part in the store."""
-    hosts = [await staged_host(tmp_path, rank, stores.make()) for rank in (0, 1)]
+    hosts = [await staged_host(tmp_path, rank, stores.checkpoints()) for rank in (0, 1)]
     try:
         async with asyncio.timeout(90):
             with pytest.raises(PartsPendingError):
@@ -307,14 +191,14 @@ async def test_part_pruned_while_waiting_leaves_no_orphan(
     finally:
         for _, journal in hosts:
             journal.close()
-    assert stores.names(TAG) == []
+    assert await stores.names(TAG) == []
 
 
 async def test_start_requests_and_board_round_trip(stores: Stores) -> None:
     """Each rank's start request replaces its last one and is listed by every host; a
     withdraw of a nonce no longer there leaves the request; the board is None until
     written, then read back as last written; nothing else is left beside them."""
-    host0, host1, node0 = stores.make(), stores.make(), stores.make()
+    host0, host1, node0 = stores.checkpoints(), stores.checkpoints(), stores.checkpoints()
     async with asyncio.timeout(60):
         assert await node0.start_requests() == {}
         assert await host1.read_board() is None
@@ -331,7 +215,7 @@ async def test_start_requests_and_board_round_trip(stores: Stores) -> None:
         assert await host1.read_board() == b'{"round": 1}'
         await node0.write_board(b'{"round": 2}')
         assert await host0.read_board() == b'{"round": 2}'
-    left = stores.names(AGREEMENT_DIR)
+    left = await stores.names(AGREEMENT_DIR)
     assert "board.json" in left
     assert len(left) == 2, left  # node 0's one request and the board: no temporary file
 
@@ -340,7 +224,7 @@ async def test_reserved_dir_is_never_a_checkpoint(stores: Stores, tmp_path: Path
     """With requests and a board stored beside the tags, manifests() (what retention
     prunes from) lists only the committed tag, uncommitted() only the tag whose parts wait,
     and deleting both tags leaves the agreement as it was."""
-    host0, host1 = stores.make(), stores.make()
+    host0, host1 = stores.checkpoints(), stores.checkpoints()
     async with asyncio.timeout(90):
         await host0.request_start(0, "a" * 32)
         await host1.request_start(1, "b" * 32)
@@ -363,7 +247,7 @@ async def test_reserved_dir_is_never_a_checkpoint(stores: Stores, tmp_path: Path
 async def test_uncommitted_lists_tags_whose_parts_wait(stores: Stores, tmp_path: Path) -> None:
     """uncommitted() holds each tag with parts and no manifest, with those parts as
     stored; once the union is committed the tag is no longer there."""
-    host0, host1 = stores.make(), stores.make()
+    host0, host1 = stores.checkpoints(), stores.checkpoints()
     files0, files1 = {"__0_0.distcp": b"zero"}, {"__1_0.distcp": b"one"}
     part0, part1 = part(0, files0, W0), part(1, files1, W1)
     async with asyncio.timeout(90):

@@ -1,0 +1,92 @@
+"""One writer per tag: the claim taken before the first byte, kept as a lease while the
+upload runs, released at a shutdown that could not commit, and taken over once stale.
+
+The claim is ``<tag>/traind-writer.json`` holding a ``Lease``. It is made with the store's
+create-only put where that is atomic, else by listing (``listed.py``); it is renewed with a
+replace-if-version put, which on a store with compare-and-swap fails when a taker got in
+first. A takeover creates ``<tag>/traind-takeover-<nonce>.json`` so that one of several
+takers goes on, then removes the stale writer's objects (and its unfinished uploads).
+"""
+
+from __future__ import annotations
+
+from traind.errors import ConflictError, StorageError, TransientStorageError
+from traind.layout.keys import CLAIM_NAME, check_tag
+from traind.layout.manifest import Writer
+from traind.protocol import listed
+from traind.protocol.commit import read_manifest
+from traind.protocol.lease import Lease, check_committed, check_held, check_lease, is_claim_file
+from traind.protocol.parts import any_part_claim
+from traind.storage.base import CREATE, ObjectStore, update
+
+
+async def claim(store: ObjectStore, tag: str, writer: Writer) -> None:
+    """Take ``tag`` for ``writer`` before any of its data goes out. Held or committed by
+    ``writer`` already: nothing to do; another's uncommitted claim: ClaimHeldError; another's
+    commit, or a multi-node job's tag: ConflictError."""
+    base = f"{check_tag(tag)}/"
+    key = base + CLAIM_NAME
+    body = Lease.new(writer).to_json()
+    if not await listed.create(store, key, body, base + listed.CLAIMANTS, tag, writer):
+        found = await store.get(key)
+        if found is None:  # taken over or pruned meanwhile: the next attempt finds it free
+            raise TransientStorageError(f"{tag}: the claim {store.where(key)} vanished; "
+                                        "retrying")
+        check_lease(tag, writer, Lease.from_json(found.data), await read_manifest(store, tag),
+                    store.where(key))
+        return
+    try:  # committed by a traind from before claims: a manifest without a claim
+        check_committed(tag, writer, await read_manifest(store, tag), store.where(base))
+        if (holder := await any_part_claim(store, tag)) is not None:  # a multi-node job's
+            raise ConflictError(tag, str(writer), str(holder), store.where(base))
+    except StorageError:
+        await store.delete([key])
+        raise
+
+
+async def renew(store: ObjectStore, tag: str, writer: Writer, at: float | None = None) -> None:
+    """Rewrite ``writer``'s claim renewed ``at`` (now by default), replace-if-version; raise
+    ConflictError when the claim is not ``writer``'s any more (taken over, or removed)."""
+    key = f"{check_tag(tag)}/{CLAIM_NAME}"
+    found = await store.get(key)
+    held = check_held(tag, writer, Lease.from_json(found.data) if found else None,
+                      store.where(key))
+    assert found is not None  # check_held passed
+    if not await store.put(key, held.renewed(at).to_json(), update(found.version)):
+        after = await store.get(key)
+        check_held(tag, writer, Lease.from_json(after.data) if after else None,
+                   store.where(key))
+        raise TransientStorageError(f"{tag}: the claim {store.where(key)} changed while "
+                                    "renewed; retrying")
+
+
+async def release(store: ObjectStore, tag: str, writer: Writer) -> None:
+    """Mark ``writer``'s claim on ``tag`` stale at once (a shutdown that could not commit
+    it), so the next writer takes it over without waiting; another's is left alone."""
+    found = await store.get(f"{check_tag(tag)}/{CLAIM_NAME}")
+    if found is not None and Lease.from_json(found.data).writer.id == writer.id:
+        await renew(store, tag, writer, 0.0)
+
+
+async def take_over(store: ObjectStore, tag: str, stale: Lease, writer: Writer) -> bool:
+    """Remove the stale claim ``stale`` on ``tag`` and every object of its uncommitted
+    upload, for ``writer`` to claim next; False when another writer is taking it over or the
+    claim was renewed. With compare-and-swap the claim becomes ``writer``'s own at once (the
+    stale writer's next renewal fails); without, it is removed, and two takers at one instant
+    may both go on, the claim after it then decided by the store's create (or listing)."""
+    base = f"{check_tag(tag)}/"
+    key = base + CLAIM_NAME
+    caps = await store.capabilities()
+    if not await store.put(base + stale.marker, writer.to_json(), CREATE):
+        return False  # another writer is taking it over
+    found = await store.get(key)
+    if found is None or Lease.from_json(found.data) != stale or (caps.update and not (
+            await store.put(key, Lease.new(writer).to_json(), update(found.version)))):
+        await store.delete([base + stale.marker])  # renewed: its writer lives
+        return False
+    await store.abort_uploads(base)
+    await store.delete(sorted(m.key for m in await store.list(base)
+                              if not is_claim_file(m.key[len(base):])))
+    if not caps.update:
+        await store.delete([key])
+    return True

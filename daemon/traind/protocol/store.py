@@ -1,0 +1,149 @@
+"""The checkpoint store every caller uses: the protocol's verbs over one ``ObjectStore``.
+
+Claims, commits, parts and the resume agreement are each written once (``claims``,
+``commit``, ``parts``, ``resume``); this class only binds them to a store, so a new
+backend is a handful of primitives and nothing of this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+from traind.config import LocalStorage, S3Storage, SSHStorage
+from traind.layout.keys import check_tag
+from traind.layout.manifest import Manifest, Writer
+from traind.layout.parts import Part
+from traind.protocol import claims, commit, parts, resume
+from traind.protocol.lease import Lease
+from traind.storage import Advance, LocalFile, ObjectStore, UploadSession, open_objects
+
+CONCURRENCY = 16
+"""Small reads at once (manifests, parts) where the store's config says nothing."""
+
+
+class CheckpointStore:
+    """Checkpoints of one run in ``objects``: claim, send, commit, list, fetch, delete."""
+
+    def __init__(self, objects: ObjectStore, concurrency: int = CONCURRENCY) -> None:
+        self.objects = objects
+        self._concurrency = concurrency
+
+    @property
+    def describe(self) -> str:
+        """A short, secret-free identity of the store (logs, journal)."""
+        return self.objects.describe
+
+    async def upload(self, tag: str, root: Path, files: Sequence[LocalFile],
+                     session: UploadSession) -> None:
+        """Store ``files`` (relative to ``root``) under ``tag``, sha256 computed while
+        reading; ``session.file_done`` as each is in place."""
+        await self.objects.send(f"{check_tag(tag)}/", root, files, session)
+
+    async def claim(self, tag: str, writer: Writer) -> None:
+        """Take ``tag`` for ``writer`` before any of its data goes out (``claims.claim``)."""
+        await claims.claim(self.objects, tag, writer)
+
+    async def renew(self, tag: str, writer: Writer) -> None:
+        """Renew ``writer``'s claim; ConflictError once it is not its own."""
+        await claims.renew(self.objects, tag, writer)
+
+    async def release(self, tag: str, writer: Writer) -> None:
+        """Mark ``writer``'s claim stale at once; another's is left alone."""
+        await claims.release(self.objects, tag, writer)
+
+    async def take_over(self, tag: str, stale: Lease, writer: Writer) -> bool:
+        """Take the stale claim over, removing its writer's objects (``claims.take_over``)."""
+        return await claims.take_over(self.objects, tag, stale, writer)
+
+    async def commit(self, manifest: Manifest) -> None:
+        """Check every file is stored, then write the manifest: the checkpoint exists."""
+        await commit.commit(self.objects, manifest)
+
+    async def manifests(self) -> list[Manifest]:
+        """Every committed checkpoint of this run, in no particular order."""
+        return await commit.manifests(self.objects, self._concurrency)
+
+    async def committed(self, tag: str) -> Manifest | None:
+        """The manifest of ``tag`` when it is committed: one small read."""
+        return await commit.read_manifest(self.objects, tag)
+
+    async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
+        """Fetch every file of ``manifest`` under ``dest``; return path → sha256 as written
+        (the caller verifies and renames). A file missing from the store: IntegrityError."""
+        files = [LocalFile(e.path, e.size) for e in manifest.files]
+        return await self.objects.fetch(f"{check_tag(manifest.tag)}/", files, dest, advance)
+
+    async def delete(self, tag: str) -> None:
+        """Remove a checkpoint: manifest first, then its files, claims last."""
+        await commit.delete(self.objects, tag)
+
+    async def probe(self) -> str:
+        """Check the store is reachable and writable (StorageError saying what fails);
+        return how a tag stays one writer's on it."""
+        await self.objects.probe()
+        return (await self.objects.capabilities()).claim
+
+    async def cleanup(self, resume_states: Collection[str]) -> int:
+        """Remove what interrupted uploads left that none of ``resume_states`` continue."""
+        return await self.objects.abort_uploads("", resume_states)
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        await self.objects.aclose()
+
+    # -- multi-node: parts and the resume agreement ------------------------------------
+
+    async def claim_part(self, tag: str, rank: int, writer: Writer) -> None:
+        """Take node ``rank``'s part of ``tag`` for ``writer`` (``parts.claim_part``)."""
+        await parts.claim_part(self.objects, tag, rank, writer)
+
+    async def part_claim(self, tag: str, rank: int) -> Writer | None:
+        """Who holds node ``rank``'s part of ``tag``, None when nobody."""
+        return await parts.part_claim(self.objects, tag, rank)
+
+    async def upload_part(self, tag: str, root: Path, files: Sequence[LocalFile],
+                          session: UploadSession) -> None:
+        """Like ``upload``, never over another host's file (``parts.upload_part``)."""
+        await parts.upload_part(self.objects, tag, root, files, session)
+
+    async def commit_part(self, part: Part) -> None:
+        """Write ``part``'s manifest beside its files, once they are all stored."""
+        await parts.commit_part(self.objects, part)
+
+    async def part_ranks(self, tag: str) -> set[int]:
+        """The node ranks whose part manifest of ``tag`` is stored (one listing)."""
+        return await parts.part_ranks(self.objects, tag)
+
+    async def parts(self, tag: str) -> list[Part]:
+        """Every part manifest stored for ``tag``."""
+        return await parts.parts(self.objects, tag, self._concurrency)
+
+    async def uncommitted(self) -> dict[str, list[Part]]:
+        """Every tag holding part manifests and no manifest, with its parts."""
+        return await parts.uncommitted(self.objects, self._concurrency)
+
+    async def request_start(self, rank: int, nonce: str) -> None:
+        """Store node ``rank``'s start request ``nonce``, replacing its last one."""
+        await resume.request_start(self.objects, rank, nonce)
+
+    async def withdraw_start(self, rank: int, nonce: str) -> None:
+        """Remove node ``rank``'s start request while it is still ``nonce``."""
+        await resume.withdraw_start(self.objects, rank, nonce)
+
+    async def start_requests(self) -> dict[int, str]:
+        """Every node's start request, rank → nonce, from one listing."""
+        return await resume.start_requests(self.objects)
+
+    async def write_board(self, data: bytes) -> None:
+        """Replace the resume board (node 0 alone writes it)."""
+        await resume.write_board(self.objects, data)
+
+    async def read_board(self) -> bytes | None:
+        """The resume board, None before node 0 wrote one."""
+        return await resume.read_board(self.objects)
+
+
+def open_storage(config: LocalStorage | S3Storage | SSHStorage, run: str) -> CheckpointStore:
+    """The checkpoint store of ``config`` for run ``run``; no I/O until it is used."""
+    return CheckpointStore(open_objects(config, run), config.concurrency)

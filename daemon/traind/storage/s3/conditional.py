@@ -1,0 +1,61 @@
+"""Whether the S3 store honours conditional writes (``If-None-Match``/``If-Match``).
+
+AWS S3 (since 2024), SeaweedFS, MinIO and R2 refuse a create-only put of a key that exists;
+some S3-compatible stores ignore the header and overwrite. This is found once per store by
+putting one probe object twice with ``If-None-Match: *`` (``TRAIND_S3_CONDITIONAL=0`` says
+so without asking); where it is not honoured, the protocol claims tags by listing instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import structlog
+
+from traind.errors import StorageError
+from traind.storage.s3.client import Ops
+
+log = structlog.get_logger("traind.s3")
+CONDITIONAL = "conditional writes (If-None-Match: *): a tag is one writer's"
+LISTED = ("claims listed after writing (the store ignores If-None-Match): a tag is one "
+          "writer's on a store with read-after-write consistency")
+PRECONDITION = frozenset({"PreconditionFailed", "412"})
+"""The codes of a conditional put refused because its condition did not hold."""
+_OFF = {"0", "false", "no", "off"}
+_UNSUPPORTED = {"NotImplemented", "501", "InvalidArgument", "InvalidRequest"}
+
+
+async def put_object(ops: Ops, key: str, data: bytes, **conditions: Any) -> bool:
+    """Put ``data`` at the full ``key`` with ``conditions`` (``IfNoneMatch``, ``IfMatch``);
+    return False when the store refused it for a condition that did not hold."""
+    try:
+        await ops.call("put_object", key, body=memoryview(data),
+                       ContentType="application/json", **conditions)
+    except StorageError as exc:
+        if exc.code in PRECONDITION:
+            return False
+        raise
+    return True
+
+
+async def honours_conditional(ops: Ops, prefix: str) -> bool:
+    """Whether the store refuses a second ``If-None-Match: *`` put of one key under
+    ``prefix`` (the probe object is removed again)."""
+    if os.environ.get("TRAIND_S3_CONDITIONAL", "").strip().lower() in _OFF:
+        return False
+    key = f"{prefix}.traind-probe-claim-{uuid.uuid4().hex}"
+    try:
+        first = await put_object(ops, key, b"1", IfNoneMatch="*")
+        second = await put_object(ops, key, b"2", IfNoneMatch="*")
+    except StorageError as exc:  # a store that refuses the header outright
+        if exc.code not in _UNSUPPORTED:
+            raise
+        first = second = True
+    finally:
+        await ops.call("delete_object", key)
+    honoured = first and not second
+    if not honoured:
+        log.warning("s3_conditional_writes_ignored", prefix=prefix, claim=LISTED)
+    return honoured

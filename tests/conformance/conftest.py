@@ -1,0 +1,135 @@
+"""The stores every conformance test runs against, each with a real server where it has one:
+memory (also as a store without atomic conditional puts), a local directory, SeaweedFS over
+S3 (with conditional writes, and behind a proxy that drops them, so the listing fallback
+decides), and
+OpenSSH's sshd in each transfer mode. A new store is done when every test here passes on
+it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.support.requires import need_binary, need_module
+from tests.support.s3proxy import throttling_proxy
+from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
+from tests.support.sshd import HOST, SSHServer
+
+from traind.config import LocalStorage, S3Storage, SSHStorage
+from traind.protocol import CheckpointStore
+from traind.storage import ObjectStore, open_objects
+from traind.storage.memory import MemoryStore
+
+KINDS = ["memory", "memory-listed", "local", "s3", "s3-listed", "ssh", "ssh-openssh", "ssh-rsync"]
+RUN = "run"
+
+
+@dataclass
+class Stores:
+    """Handles on one fresh store, as several hosts would open it (``make`` again for
+    another host); ``kind`` names it."""
+
+    kind: str
+    build: Callable[[], ObjectStore]
+    made: list[ObjectStore] = field(default_factory=list)
+
+    def make(self) -> ObjectStore:
+        """Another handle on the same store (another host's)."""
+        store = self.build()
+        self.made.append(store)
+        return store
+
+    def checkpoints(self) -> CheckpointStore:
+        """The checkpoint protocol over another handle (another host's daemon)."""
+        return CheckpointStore(self.make())
+
+    async def names(self, tag: str) -> list[str]:
+        """Every object's name under ``<tag>/`` (claims included), sorted."""
+        base = f"{tag}/"
+        return sorted(m.key[len(base):] for m in await self.make().list(base))
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """One SeaweedFS for every S3 case here."""
+    need_module("aiobotocore")
+    with running_seaweed(need_binary("weed"), tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
+    """One sshd for every SSH case here."""
+    need_module("asyncssh")
+    server = SSHServer(need_binary("sshd"), tmp_path_factory.mktemp("sshd"))
+    server.start_sync()
+    try:
+        yield server
+    finally:
+        server.stop_sync()
+
+
+def s3_config(endpoint: str, bucket: str, **overrides: Any) -> S3Storage:
+    """A config for ``bucket`` at ``endpoint`` (fast retries, for tests)."""
+    return S3Storage.model_validate({
+        "type": "s3", "bucket": bucket, "prefix": "ckpts", "endpoint_url": endpoint,
+        "region": REGION, "addressing_style": "path", "access_key_id": ACCESS_KEY,
+        "secret_access_key": SECRET_KEY, "retries": 4, "retry_max_delay": 0.5,
+        "connect_timeout": 2.0, "read_timeout": 10.0, **overrides})
+
+
+def ssh_config(sshd: SSHServer, remote: Path, transfer: str) -> SSHStorage:
+    """A config for ``remote`` on ``sshd`` with ``transfer`` (fast retries, for tests)."""
+    return SSHStorage.model_validate({
+        "type": "ssh", "host": HOST, "port": sshd.port, "user": sshd.user,
+        "identity_file": sshd.user_key.path, "known_hosts": sshd.known_hosts,
+        "remote_path": str(remote), "connect_timeout": 5, "retries": 3,
+        "backoff_initial": 0.05, "backoff_max": 0.5, "transfer": transfer})
+
+
+@pytest.fixture(params=KINDS)
+async def stores(request: pytest.FixtureRequest, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stores]:
+    """A fresh store of the parameter's kind; every handle made on it is closed after."""
+    kind = str(request.param)
+    stack = contextlib.AsyncExitStack()
+    build: Callable[[], ObjectStore]
+    if kind.startswith("memory"):
+        shared = MemoryStore(conditional=kind == "memory")
+        build = lambda: shared  # noqa: E731 - every host sees the one dict
+    elif kind == "local":
+        config_l = LocalStorage(path=tmp_path / "store")
+        build = lambda: open_objects(config_l, RUN)  # noqa: E731
+    elif kind.startswith("s3"):
+        server: SeaweedS3 = request.getfixturevalue("seaweed")
+        monkeypatch.delenv("TRAIND_S3_CONDITIONAL", raising=False)
+        bucket = f"t-{uuid.uuid4().hex[:12]}"
+        server.create_bucket(bucket)
+        endpoint = server.endpoint
+        if kind == "s3-listed":  # a store that ignores If-None-Match / If-Match: found so
+            proxy = await stack.enter_async_context(
+                throttling_proxy(endpoint, ignore_conditions=True))
+            endpoint = proxy.endpoint
+        config_s = s3_config(endpoint, bucket)
+        build = lambda: open_objects(config_s, RUN)  # noqa: E731
+    else:
+        sshd_: SSHServer = request.getfixturevalue("sshd")
+        transfer = kind.removeprefix("ssh").removeprefix("-") or "sftp"
+        for tool in {"openssh": ["ssh"], "rsync": ["rsync", "ssh"]}.get(transfer, []):
+            need_binary(tool)
+        config_h = ssh_config(sshd_, tmp_path / "remote", transfer)
+        build = lambda: open_objects(config_h, RUN)  # noqa: E731
+    made = Stores(kind, build)
+    try:
+        yield made
+    finally:
+        async with asyncio.timeout(20):
+            for store in {id(s): s for s in made.made}.values():
+                await store.aclose()
+            await stack.aclose()
