@@ -196,9 +196,12 @@ def test_test_command_names_system_packages_it_cannot_install() -> None:
         missing("setpriv (util-linux) and root, to run the set-up as another user")
     with tempfile.TemporaryDirectory() as bin_dir:  # not under tmp_path: the user must read it
         os.chmod(bin_dir, 0o755)
+        # A copy the user can read: the checkout may be in root's 0700 home.
+        script = shutil.copy(ROOT / "tests/support/venv.sh", Path(bin_dir) / "venv.sh")
+        os.chmod(script, 0o644)
         done = subprocess.run(
             [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c",
-             f"source {ROOT / 'tests/support/venv.sh'} && system_tools && echo carried on"],
+             f"source {script} && system_tools && echo carried on"],
             cwd="/", capture_output=True, text=True, timeout=60, check=False,
             env={**fresh_env(), "PATH": path_without("rsync", Path(bin_dir))},
         )
