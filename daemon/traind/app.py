@@ -138,6 +138,7 @@ class Daemon:
         """
         notifier = self.observer.notifier
         notifier.ready()
+        failure: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as tg:
                 watchdog = tg.create_task(notifier.watchdog_loop(), name="watchdog")
@@ -146,8 +147,11 @@ class Daemon:
                     tasks = await self.main_loop(tg, watcher, stop, reload or asyncio.Event())
                     await self.shutdown(watcher, tasks)
                 watchdog.cancel()
+        except Exception as exc:  # a task failed: the daemon stops, and says so
+            failure = exc
+            raise
         finally:
-            await self.close()
+            await self.close(failure)
 
     async def startup(self, tg: asyncio.TaskGroup, stop: asyncio.Event) -> Watcher | None:
         """Serve status, then prepare the run (``_prepare``) unless ``stop`` comes first.
@@ -339,17 +343,23 @@ class Daemon:
                 async with asyncio.timeout(RELEASE_TIMEOUT):
                     await self.streamer.release(self.unstored)
 
-    async def close(self) -> None:
+    async def close(self, failure: BaseException | None = None) -> None:
         """Let go of what the daemon holds (status server, store, journal, state_dir lock)
-        however ``run`` ended, and say what is not in the store."""
+        however ``run`` ended, and say what is not in the store: after a ``failure`` (a task
+        that crashed) as an error naming it, whatever is stored."""
         self.observer.notifier.stopping()
+        if failure is not None and not self.unstored:  # no shutdown ran to count them
+            self.unstored = self.streamer.unstored
         await self._serve_status(None)
         await self.storage.aclose()
         self._state.close()
-        if self.unstored:
-            log.error("daemon_stopped", unstored=self.unstored,
-                      hint="not in the store: kept in state_dir and output_dir, and "
-                           "committed by the next traind run on this host")
+        hint = ("not in the store: kept in state_dir and output_dir, and committed by the "
+                "next traind run on this host")
+        if failure is not None:
+            log.error("daemon_stopped", unstored=self.unstored, error=_describe(failure),
+                      hint=hint if self.unstored else "a task of the daemon failed")
+        elif self.unstored:
+            log.error("daemon_stopped", unstored=self.unstored, hint=hint)
         else:
             log.info("daemon_stopped", unstored=[])
 
@@ -604,3 +614,10 @@ def _lock_state_dir(state_dir: Path) -> int | None:
     except OSError as exc:  # a full disk: the lock holds all the same, only unnamed
         log.warning("state_dir_lock_pid_unwritten", state_dir=str(state_dir), error=str(exc))
     return fd
+
+
+def _describe(failure: BaseException) -> str:
+    """What failed, in one line: the first failure inside a task group's exception group."""
+    while isinstance(failure, BaseExceptionGroup) and failure.exceptions:
+        failure = failure.exceptions[0]
+    return f"{type(failure).__name__}: {failure}"

@@ -7,11 +7,11 @@ import asyncio
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
 import pytest
+from tests.support.waits import until
 
 from traind.checkpoints.joint import JointResume
 from traind.checkpoints.journal import Journal
@@ -47,15 +47,6 @@ def committed(root: Path, tag: str, files: dict[str, bytes]) -> Manifest:
 @pytest.fixture
 def store(tmp_path: Path) -> CheckpointStore:
     return open_storage(LocalStorage(path=tmp_path / "store"), "exp")
-
-
-async def until(check: Callable[[], bool], within: float = 10.0) -> None:
-    """Poll ``check`` until it holds, for at most ``within`` seconds."""
-    async with asyncio.timeout(within):
-        while True:
-            if check():
-                return
-            await asyncio.sleep(0.01)
 
 
 async def _no_scan() -> None:
