@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from tests.conformance.conftest import Stores
+from tests.support.sessions import RecordingSession
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
@@ -28,25 +29,6 @@ W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f"
 TAG = "checkpoint-4"
 
 
-class Session:
-    """Records what the backend reports stored."""
-
-    def __init__(self) -> None:
-        self.done: dict[str, str] = {}
-
-    def advance(self, nbytes: int) -> None:
-        return None
-
-    async def file_done(self, path: str, sha256: str) -> None:
-        self.done[path] = sha256
-
-    async def load_state(self, path: str) -> str | None:
-        return None
-
-    async def save_state(self, path: str, state: str) -> None:
-        return None
-
-
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -57,12 +39,13 @@ def part(rank: int, files: dict[str, bytes], writer: Writer) -> Part:
     return Part("run", TAG, 4, rank, 2, writer, entries)
 
 
-async def send(backend: CheckpointStore, root: Path, files: dict[str, bytes]) -> Session:
+async def send(backend: CheckpointStore, root: Path,
+               files: dict[str, bytes]) -> RecordingSession:
     """Write ``files`` under ``root`` and upload them as a part of TAG."""
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
-    session = Session()
+    session = RecordingSession()
     async with asyncio.timeout(60):
         await backend.upload_part(TAG, root, [LocalFile(p, len(d)) for p, d in files.items()],
                                   session)
@@ -265,3 +248,21 @@ async def test_uncommitted_lists_tags_whose_parts_wait(stores: Stores, tmp_path:
         assert isinstance(whole, Manifest)
         await host1.commit(whole)
         assert await host0.uncommitted() == {}
+
+
+async def test_one_path_sent_by_two_hosts_at_once_lands_whole(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """Two hosts send the same path (the config.json every node saves) at the same instant:
+    both sends succeed, the stored file is whole, and no temporary file is left."""
+    hosts = [stores.checkpoints() for _ in range(2)]
+    data = bytes(range(256)) * 8192
+    async with asyncio.timeout(60):
+        sessions = await asyncio.gather(*(
+            send(host, tmp_path / f"h{rank}", {"config.json": data, f"__{rank}_0.distcp": b"x"})
+            for rank, host in enumerate(hosts)))
+        stored = await stores.make().get(f"{TAG}/config.json")
+    assert all(s.done["config.json"] == sha(data) for s in sessions)
+    assert await stores.names(TAG) == ["__0_0.distcp", "__1_0.distcp", "config.json"]
+    assert stored is not None
+    assert stored.data == data

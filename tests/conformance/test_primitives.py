@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from tests.conformance.conftest import Stores
+from tests.support.sessions import RecordingSession
 
 from traind.errors import IntegrityError, StorageError
 from traind.storage import LocalFile
@@ -17,26 +18,6 @@ from traind.storage.base import CREATE, update
 
 ODD_NAMES = ["#hash !bang ~tilde.bin", ";semicolon-first.bin", "-dash-first.bin",
              "~tilde-first.bin", "with space/and more space.bin", "unicodé/日本語.bin"]
-
-
-class Session:
-    """Records what a send reports stored."""
-
-    def __init__(self) -> None:
-        self.done: dict[str, str] = {}
-        self.moved = 0
-
-    def advance(self, nbytes: int) -> None:
-        self.moved += nbytes
-
-    async def file_done(self, path: str, sha256: str) -> None:
-        self.done[path] = sha256
-
-    async def load_state(self, path: str) -> str | None:
-        return None
-
-    async def save_state(self, path: str, state: str) -> None:
-        return None
 
 
 def _write(root: Path, files: dict[str, bytes]) -> list[LocalFile]:
@@ -148,7 +129,7 @@ async def test_odd_names_sent_and_fetched_whole(stores: Stores, tmp_path: Path) 
     files = {name: f"{name}\n".encode() * (i + 1) for i, name in enumerate(ODD_NAMES)}
     files["big.bin"] = bytes(range(256)) * 8192
     local = _write(tmp_path / "src", files)
-    session = Session()
+    session = RecordingSession()
     async with asyncio.timeout(60):
         await store.send("checkpoint-1/", tmp_path / "src", local, session)
         listed = {m.key: m.size for m in await store.list("checkpoint-1/")}
@@ -158,7 +139,7 @@ async def test_odd_names_sent_and_fetched_whole(stores: Stores, tmp_path: Path) 
     assert {k.removeprefix("checkpoint-1/"): v for k, v in listed.items()
             if not k.endswith(".traind-part")} == {r: len(d) for r, d in files.items()}
     assert back == want
-    assert session.moved == sum(len(d) for d in files.values())
+    assert sum(n for n, _ in session.advances) == sum(len(d) for d in files.values())
 
 
 async def test_fetch_of_a_missing_file_is_an_integrity_error(stores: Stores,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from tests.conformance.conftest import Stores
-from tests.conformance.test_primitives import ODD_NAMES, Session, _write
+from tests.conformance.test_primitives import ODD_NAMES, _write
+from tests.support.sessions import RecordingSession
 
 from traind.errors import ClaimHeldError, ConflictError, MissingFilesError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
@@ -29,7 +30,7 @@ async def _upload(store: CheckpointStore, root: Path, files: dict[str, bytes],
                   writer: Writer, tag: str = TAG) -> Manifest:
     """Claim ``tag``, send ``files`` and return the manifest that would commit them."""
     local = _write(root, files)
-    session = Session()
+    session = RecordingSession()
     await store.claim(tag, writer)
     await store.upload(tag, root, local, session)
     entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in local)
@@ -107,7 +108,7 @@ async def test_a_file_removed_before_commit_stops_it(stores: Stores, tmp_path: P
         assert missing.value.paths == ["optimizer.bin"]
         assert await store.committed(TAG) is None
         assert MANIFEST_NAME not in await stores.names(TAG)
-        session = Session()
+        session = RecordingSession()
         await store.upload(TAG, tmp_path / "src", _write(tmp_path / "src", {
             "optimizer.bin": files["optimizer.bin"]}), session)
         await store.commit(manifest)

@@ -39,9 +39,10 @@ PART_SUFFIX = ".traind-part"
 file with its final name is always whole (local, SFTP and openssh stores alike)."""
 
 
-def temporary_name(target: str) -> str:
-    """The temporary name ``target`` is written under before the rename that publishes it."""
-    return target + PART_SUFFIX
+def temporary_name(target: str, owner: str = "") -> str:
+    """The temporary name ``target`` is written under before the rename that publishes it;
+    with ``owner`` (a writer's token) one no other writer uses, that its own retry reuses."""
+    return f"{target}.{owner}{PART_SUFFIX}" if owner else target + PART_SUFFIX
 
 
 def unique_temporary_name(target: str) -> str:

@@ -32,7 +32,7 @@ from traind.storage.fileio import (
     copy_hashed,
     create_exclusive,
     in_thread,
-    temporary_name,
+    unique_temporary_name,
     write_atomic,
 )
 from traind.storage.memory import version_of
@@ -197,10 +197,15 @@ async def _io(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 
 
 def _store_file(src: Path, target: Path, advance: Advance) -> str:
-    """Copy ``src`` to ``target`` under a temporary name, then rename; return its sha256."""
-    part = target.with_name(temporary_name(target.name))
-    _, sha = copy_hashed(src, part, advance)
-    os.replace(part, target)
+    """Copy ``src`` to ``target`` under a temporary name of its own (two hosts may send one
+    path of a multi-node checkpoint at once), then rename; return its sha256."""
+    part = target.with_name(unique_temporary_name(target.name))
+    try:
+        _, sha = copy_hashed(src, part, advance)
+        os.replace(part, target)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     return sha
 
 

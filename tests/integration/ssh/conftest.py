@@ -138,7 +138,7 @@ def openssh_error(remote: Path) -> Callable[..., Awaitable[StorageError]]:
 
     async def probe(server: SSHServer, **overrides: Any) -> StorageError:
         config = ssh_config(server, remote, transfer="openssh", retries=0, **overrides)
-        transfer = OpenSSHTransfer(SSHLink(config))
+        transfer = OpenSSHTransfer(SSHLink(config), "test")
         try:
             async with asyncio.timeout(20):
                 with pytest.raises(StorageError) as caught:

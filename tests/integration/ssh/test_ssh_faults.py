@@ -127,8 +127,7 @@ async def test_sshd_restart_mid_upload_commits_once(
 async def _kill_when_growing(tag_dir: Path, name: str, kill: Callable[[], None]) -> None:
     """Call ``kill`` once rsync's temporary file for ``name`` holds more than 1 MiB."""
     while True:
-        scratch = tag_dir / ".traind-rsync-tmp"
-        for p in scratch.glob(f"{name}.*") if scratch.is_dir() else ():
+        for p in tag_dir.glob(f".traind-rsync-tmp-*/{name}.*"):  # this run's scratch
             try:
                 if p.stat().st_size > MiB:
                     kill()

@@ -73,7 +73,7 @@ def test_put_then_get_round_trip(
     assert pipe.handshake().write == request_size
     moved: list[int] = []
     remote = str(tmp_path / "store" / "remote.bin")
-    assert pipe.put(tmp_path / "local.bin", remote, moved.append) == (
+    assert pipe.put(tmp_path / "local.bin", remote, remote + ".traind-part", moved.append) == (
         size, hashlib.sha256(data).hexdigest())
     assert os.listdir(tmp_path / "store") == ["remote.bin"]
     assert (tmp_path / "store" / "remote.bin").read_bytes() == data
@@ -93,7 +93,8 @@ def test_remote_refusals_are_clear_errors(servers: Servers, tmp_path: Path) -> N
     pipe.handshake()
     with pytest.raises(StorageError, match=r"test-server: write local\.bin: permission denied "
                                            "on the remote host") as refused:
-        pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"), lambda n: None)
+        pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"),
+                 str(tmp_path / "remote.bin.traind-part"), lambda n: None)
     assert not isinstance(refused.value, TransientStorageError)
     with pytest.raises(StorageError, match=r"open .*/nope\.bin: remote error: No such file"):
         pipe.get(str(tmp_path / "nope.bin"), tmp_path / "back.bin", lambda n: None)
@@ -104,7 +105,8 @@ def test_a_missing_local_file_is_not_retried(servers: Servers, tmp_path: Path) -
     pipe = servers.start()
     pipe.handshake()
     with pytest.raises(StorageError, match=r"cannot read .*gone\.bin") as caught:
-        pipe.put(tmp_path / "gone.bin", str(tmp_path / "remote.bin"), lambda n: None)
+        pipe.put(tmp_path / "gone.bin", str(tmp_path / "remote.bin"),
+                 str(tmp_path / "remote.bin.traind-part"), lambda n: None)
     assert not isinstance(caught.value, TransientStorageError)
 
 
@@ -136,7 +138,8 @@ def test_a_server_that_dies_mid_upload_is_a_lost_connection(
         server.kill()
 
     with pytest.raises(TransientStorageError, match="connection lost"):
-        pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"), kill_once_moving)
+        pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"),
+                 str(tmp_path / "remote.bin.traind-part"), kill_once_moving)
     assert not (tmp_path / "remote.bin").exists()
 
 
@@ -195,9 +198,11 @@ def test_errors_carry_the_sftp_status_and_errno(servers: Servers, tmp_path: Path
         "FX_NO_SUCH_FILE", True, False)
     assert nope.value.op == f"open {tmp_path / 'nope.bin'}"
     with pytest.raises(StorageError) as refused:
-        pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"), lambda n: None)
+        pipe.put(tmp_path / "local.bin", str(tmp_path / "remote.bin"),
+                 str(tmp_path / "remote.bin.traind-part"), lambda n: None)
     assert (refused.value.code, refused.value.missing) == ("FX_PERMISSION_DENIED", False)
     with pytest.raises(StorageError) as gone:
-        pipe.put(tmp_path / "gone.bin", str(tmp_path / "remote.bin"), lambda n: None)
+        pipe.put(tmp_path / "gone.bin", str(tmp_path / "remote.bin"),
+                 str(tmp_path / "remote.bin.traind-part"), lambda n: None)
     assert (gone.value.code, gone.value.key, gone.value.op) == (
         "ENOENT", str(tmp_path / "gone.bin"), "read")

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import posixpath
 import re
+import secrets
 import shlex
 import shutil
 from collections.abc import Callable, Sequence
@@ -37,8 +38,9 @@ MIN_VERSION = (3, 2, 4)
 """The first rsync with ``--fsync`` (and ``--secluded-args``); needed at both ends."""
 
 SCRATCH = ".traind-rsync-tmp"
-"""rsync's ``--temp-dir`` inside the checkpoint directory: removed after every successful run,
-so temporary files left by a killed transfer do not outlive the upload."""
+"""The start of rsync's ``--temp-dir`` inside the checkpoint directory, one per run (two hosts
+may send parts of one checkpoint at once): removed after every successful run, so temporary
+files left by a killed transfer do not outlive the upload."""
 
 _PROGRESS = re.compile(rb"\s*([\d,]+)\s+\d+%")
 """A ``--info=progress2`` line: the bytes sent so far in this run, then a percentage."""
@@ -50,15 +52,17 @@ KILL_WAIT = 5.0
 """Seconds a cancelled run waits for rsync to go after SIGKILL to its process group."""
 
 
-def rsync_argv(config: SSHStorage, known_hosts: Path, root: Path, remote_dir: str) -> list[str]:
-    """The full rsync command pushing the files listed on stdin from ``root`` to ``remote_dir``."""
+def rsync_argv(config: SSHStorage, known_hosts: Path, root: Path, remote_dir: str,
+               scratch: str = SCRATCH) -> list[str]:
+    """The full rsync command pushing the files listed on stdin from ``root`` to
+    ``remote_dir``, through the temporary directory ``scratch`` in it."""
     host = f"[{config.host}]" if ":" in config.host else config.host
     if remote_dir.startswith(":"):
         remote_dir = "./" + remote_dir  # "host::x" would mean an rsync daemon module
     timeout = max(30, round(config.keepalive * 4))
     return [
         "rsync", "--secluded-args", "--files-from=-", "--from0", "--times", "--fsync",
-        f"--temp-dir={SCRATCH}", f"--timeout={timeout}", "--info=progress2",
+        f"--temp-dir={scratch}", f"--timeout={timeout}", "--info=progress2",
         "-e", " ".join(shlex.quote(a) for a in ssh_argv(config, known_hosts)),
         "--", f"{root.resolve()}/", f"{host}:{remote_dir}/",
     ]
@@ -75,14 +79,15 @@ class RsyncTransfer:
         self, remote_dir: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:
         """Send ``files`` into ``remote_dir`` (which exists), then report each as done."""
-        if any(f.path.split("/")[0] == SCRATCH for f in files):
-            raise UnsafePathError(f"a checkpoint may not contain {SCRATCH} in rsync mode")
-        scratch = posixpath.join(remote_dir, SCRATCH)
+        if any(f.path.split("/")[0].startswith(SCRATCH) for f in files):
+            raise UnsafePathError(f"a checkpoint may not contain {SCRATCH}* in rsync mode")
+        name = f"{SCRATCH}-{secrets.token_hex(6)}"
+        scratch = posixpath.join(remote_dir, name)
         await self._link.call(f"create {scratch}", lambda sftp: makedirs(sftp, {scratch}))
         hashing = asyncio.ensure_future(_hash_all(root, files))
         try:
             with counted(session.advance) as sent:
-                await self._run_with_retries(root, remote_dir, files, sent)
+                await self._run_with_retries(root, remote_dir, files, sent, name)
             await self._link.call(f"remove {scratch}", lambda sftp: sftp.rmtree(scratch))
             shas = await hashing
         finally:
@@ -96,9 +101,9 @@ class RsyncTransfer:
 
     async def _run_with_retries(
         self, root: Path, remote_dir: str, files: Sequence[LocalFile],
-        advance: Callable[[int], None],
+        advance: Callable[[int], None], scratch: str,
     ) -> None:
-        argv = rsync_argv(self._config, self._link.known_hosts, root, remote_dir)
+        argv = rsync_argv(self._config, self._link.known_hosts, root, remote_dir, scratch)
         listing = files_from(files)
 
         async def attempt() -> None:

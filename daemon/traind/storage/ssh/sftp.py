@@ -26,7 +26,6 @@ from traind.storage.fileio import (
     in_thread,
     iter_chunks,
     local_errors,
-    temporary_name,
     unique_temporary_name,
 )
 
@@ -43,24 +42,24 @@ waits for us; more would only add memory."""
 
 
 async def put_file(
-    sftp: asyncssh.SFTPClient, local: Path, remote: str, advance: Advance
+    sftp: asyncssh.SFTPClient, local: Path, remote: str, part: str, advance: Advance
 ) -> tuple[int, str]:
-    """Upload ``local`` to ``remote`` (temporary name, fsync, rename); return (bytes, sha256).
+    """Upload ``local`` to ``remote`` (written as ``part``, fsynced, renamed); return (bytes,
+    sha256).
 
     Raises StorageError (not retried) when the local file cannot be read. On failure the
     progress reported through ``advance`` is taken back, so a retry does not count twice.
     """
     with counted(advance) as moved:
-        return await _put_file(sftp, local, remote, moved)
+        return await _put_file(sftp, local, remote, part, moved)
 
 
 async def _put_file(
-    sftp: asyncssh.SFTPClient, local: Path, remote: str, advance: Advance
+    sftp: asyncssh.SFTPClient, local: Path, remote: str, part: str, advance: Advance
 ) -> tuple[int, str]:
     digest = hashlib.sha256()
     # A generator, so the file is closed on failure, not left to the GC.
     chunks = iter_chunks(local, CHUNK)
-    part = temporary_name(remote)
     total = 0
     async with await sftp.open(part, "wb", block_size=-1, max_requests=128) as f:
         inflight: deque[asyncio.Future[int]] = deque()

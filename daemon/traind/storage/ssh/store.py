@@ -36,6 +36,7 @@ from traind.storage.base import (
     PutMode,
     UploadSession,
 )
+from traind.storage.fileio import temporary_name
 from traind.storage.memory import version_of
 from traind.storage.ssh import rsync as ssh_rsync
 from traind.storage.ssh import tree
@@ -70,7 +71,11 @@ class SSHStore:
         self._root = posixpath.join(config.remote_path, check_component(run, "run name"))
         self._link = SSHLink(config)
         self._rsync = ssh_rsync.RsyncTransfer(config, self._link)
-        self._openssh = OpenSSHTransfer(self._link) if config.transfer == "openssh" else None
+        self._owner = secrets.token_hex(6)
+        """In this store's temporary names: two hosts sending one path never share one, and
+        a retry writes over its own failed attempt."""
+        self._openssh = (OpenSSHTransfer(self._link, self._owner)
+                         if config.transfer == "openssh" else None)
         self._capabilities: Capabilities | None = None
         self._finding = asyncio.Lock()
 
@@ -203,7 +208,8 @@ class SSHStore:
         if self._openssh:
             return await self._openssh.put(local, remote, size, advance)
         return await self._link.call(
-            f"upload {remote}", lambda sftp: put_file(sftp, local, remote, advance))
+            f"upload {remote}", lambda sftp: put_file(
+                sftp, local, remote, temporary_name(remote, self._owner), advance))
 
     async def fetch(
         self, prefix: str, files: Sequence[LocalFile], dest: Path, advance: Advance

@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from traind.errors import StorageError, TransientStorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import StagedWriter, create, hash_file, local_errors, temporary_name
+from traind.storage.fileio import (
+    StagedWriter,
+    create,
+    hash_file,
+    local_errors,
+)
 from traind.storage.ssh.errors import sftp_error
 from traind.storage.ssh.openssh import wire
 
@@ -104,9 +109,9 @@ class SFTPPipe:
         self._buffer = memoryview(bytearray(max(write, read)))
         return self.server
 
-    def put(self, local: Path, remote: str, advance: Advance) -> tuple[int, str]:
-        """Upload ``local`` as ``remote`` (temporary name, fsync, rename); (bytes, sha256)."""
-        part = temporary_name(remote)
+    def put(self, local: Path, remote: str, part: str, advance: Advance) -> tuple[int, str]:
+        """Upload ``local`` as ``remote`` (written as ``part``, fsynced, renamed); (bytes,
+        sha256)."""
         digest = hashlib.sha256()
         with local_errors("read", local):
             fd = os.open(local, os.O_RDONLY)

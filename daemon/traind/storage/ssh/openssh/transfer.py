@@ -30,6 +30,7 @@ import structlog
 from traind import child
 from traind.errors import StorageError, TransientStorageError
 from traind.storage.base import Advance, counted
+from traind.storage.fileio import temporary_name
 from traind.storage.ssh.command import sftp_argv, ssh_failure
 from traind.storage.ssh.link import SSHLink, retrying
 from traind.storage.ssh.openssh import wire
@@ -53,8 +54,10 @@ pays a key exchange (OpenSSH's default sntrup761x25519) and a start-up in client
 class OpenSSHTransfer:
     """Uploads and downloads over a pool of ``ssh -s <host> sftp`` processes."""
 
-    def __init__(self, link: SSHLink) -> None:
+    def __init__(self, link: SSHLink, owner: str) -> None:
         self._link = link
+        self._owner = owner
+        """This store's token in temporary names: no other writer's, reused by its retries."""
         self._idle: list[_Connection] = []
         self._open = 0  # connections open or opening
         self._changed = asyncio.Event()
@@ -64,8 +67,13 @@ class OpenSSHTransfer:
     ) -> tuple[int, str]:
         """Upload ``local`` (``size`` bytes) to ``remote`` (temporary name, fsync, rename):
         (bytes, sha256). A dropped connection is retried; progress is taken back on failure."""
+        part = temporary_name(remote, self._owner)
+
+        def put(pipe: SFTPPipe, src: Path, dst: str, moved: Advance) -> tuple[int, str]:
+            return pipe.put(src, dst, part, moved)
+
         return await retrying(self._link.config, f"upload {remote}",
-                              lambda: self._run(size, SFTPPipe.put, local, remote, advance))
+                              lambda: self._run(size, put, local, remote, advance))
 
     async def get(
         self, remote: str, local: Path, size: int, advance: Advance
