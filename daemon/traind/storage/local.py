@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import secrets
 from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
@@ -182,7 +183,7 @@ class LocalStore:
         await _io(self._probe)
 
     def _probe(self) -> None:
-        probe = self._root / ".traind-probe"
+        probe = self._root / f".traind-probe-{secrets.token_hex(6)}"  # hosts probe at once
         probe.parent.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"ok")
         probe.unlink()
