@@ -51,6 +51,7 @@ async def test_two_pushes_one_copy_every_round(tmp_path: Path) -> None:
                                        state_dir=tmp_path / name / "state", storage=storage)
                     for name in "ab"}
             seconds, winners = [], []
+            raced = 0
             for step in range(1, ROUNDS + 1):
                 tag = f"checkpoint-{step}"
                 for name in "ab":
@@ -64,8 +65,12 @@ async def test_two_pushes_one_copy_every_round(tmp_path: Path) -> None:
                 codes = sorted(rc for rc, _, _ in results)
                 assert codes == [0, 1], results
                 loser = next(err for rc, _, err in results if rc == 1)
-                assert "belongs to writer" in loser, loser
-                assert loser.count("@") >= 2, loser  # both writers, id@host
+                if "already committed" in loser:  # it started after the other's commit
+                    assert "by writer" in loser, loser
+                else:  # the race itself: both writers named, id@host
+                    assert "belongs to writer" in loser, loser
+                    assert loser.count("@") >= 2, loser
+                    raced += 1
                 winners.append("ab"[[rc for rc, _, _ in results].index(0)])
             rc, out, err = await traind("list", "-c", str(cfgs["a"]), "--json")
             assert rc == 0, err
@@ -73,5 +78,6 @@ async def test_two_pushes_one_copy_every_round(tmp_path: Path) -> None:
             assert proxy.dropped > 0  # the store really ignored the conditions
     assert sorted(c["tag"] for c in listed) == sorted(f"checkpoint-{n}"
                                                        for n in range(1, ROUNDS + 1))
-    print(f"{ROUNDS} rounds: winners {''.join(winners)}; whole command pairs took median "
-          f"{statistics.median(seconds):.2f} s, max {max(seconds):.2f} s")
+    print(f"{ROUNDS} rounds ({raced} raced to the claim): winners {''.join(winners)}; whole "
+          f"command pairs took median {statistics.median(seconds):.2f} s, max "
+          f"{max(seconds):.2f} s")
