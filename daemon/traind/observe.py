@@ -6,6 +6,7 @@ parts and keeps systemd's one-line STATUS and the Prometheus metrics current.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -163,7 +164,8 @@ class Observer:
             self.timeline.sent(nbytes)
 
     def _logged(self, event: str, fields: Mapping[str, Any]) -> None:
-        """Count the failures the daemon logs, so ``/metrics`` and the journal agree."""
+        """Count the failures the daemon logs, so ``/metrics`` and the journal agree, and
+        follow each checkpoint's life for the timeline."""
         if event == "child_exited" and isinstance(code := fields.get("returncode"), int):
             self.metrics.child_exited(str(fields.get("child", "")), code)
         elif event == "checkpoint_upload_failed":
@@ -172,12 +174,12 @@ class Observer:
             self.metrics.storage_retried(_RETRY_EVENTS[event])
         elif event in ("vllm_hung", "trainer_hung"):
             self.metrics.hung(str(fields.get("child", "")))
-        elif event == "checkpoint_staged":
-            self.timeline.staged(str(fields.get("tag")), int(fields.get("step", 0)),
-                                 int(fields.get("bytes", 0)),
-                                 float(fields.get("since_last_write", 0.0)))
-        elif event == "checkpoint_complete":
-            self.timeline.queued(str(fields.get("tag")))
+        elif event == "checkpoint_staged" and isinstance(tag := fields.get("tag"), str):
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # logging never fails
+                self.timeline.staged(tag, int(fields["step"]), int(fields["bytes"]),
+                                     float(fields["since_last_write"]))
+        elif event == "checkpoint_complete" and isinstance(tag := fields.get("tag"), str):
+            self.timeline.queued(tag)
 
 
 _RETRY_EVENTS = {"s3_retry": "s3", "ssh_retry": "ssh"}
