@@ -21,7 +21,7 @@ from traind.checkpoints import completion, pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.joint import JointResume
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.space import Pinned, SpaceGuard, open_journal
+from traind.checkpoints.space import Pinned, SpaceGuard, free_bytes, open_journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
 from traind.child import uninterrupted
@@ -94,6 +94,10 @@ class Daemon:
             parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
         )
         self.streamer.on_staged = self._staged
+        self.observer.retention = lambda: self.settings.retention
+        self.observer.prunes_remote = self.node.rank == 0
+        self.observer.metrics.set_disk(lambda: _free(self.settings.run.output_dir),
+                                       lambda: float(self.space.floor()))
         self.joint = (JointResume(self.node, lambda: self.streamer.parts_settled,
                                   self._hand_on_left,
                                   settings.run.state_dir / "resume-request.json")
@@ -621,3 +625,11 @@ def _describe(failure: BaseException) -> str:
     while isinstance(failure, BaseExceptionGroup) and failure.exceptions:
         failure = failure.exceptions[0]
     return f"{type(failure).__name__}: {failure}"
+
+
+def _free(path: Path) -> float:
+    """Free bytes on ``path``'s filesystem, NaN while it is not there (for the gauge)."""
+    try:
+        return float(free_bytes(path))
+    except OSError:
+        return float("nan")

@@ -6,18 +6,22 @@ parts and keeps systemd's one-line STATUS and the Prometheus metrics current.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from traind.checkpoints import retention
 from traind.checkpoints.joint import JointResume
 from traind.checkpoints.restore import newest
 from traind.checkpoints.space import Pinned
 from traind.checkpoints.streamer import Streamer
+from traind.config import RetentionConfig
 from traind.layout.manifest import Manifest
 from traind.status import model
 from traind.status.metrics import Metrics
 from traind.status.render import one_line
+from traind.status.timeline import Timeline
 from traind.supervisor.runner import ChildStatus
 from traind.supervisor.supervisor import Supervisor
 from traind.systemd import Notifier
@@ -44,6 +48,12 @@ class Observer:
         self.supervisor: Supervisor | None = None
         self.joint: JointResume | None = None
         self.next_prune: float | None = None
+        self.retention: Callable[[], RetentionConfig | None] = lambda: None
+        """The retention policy in force, for the page's "what the next prune removes"."""
+        self.prunes_remote = True
+        """Whether this host prunes the store (node 0 of a job)."""
+        self.timeline = Timeline()
+        self._best: str | None = None
         self._streamer = streamer
         self._backend = backend
         self._tracked = tracked
@@ -53,6 +63,8 @@ class Observer:
         self.metrics.set_queue_depth(lambda: streamer.queued)
         self.metrics.set_parts_missing(
             lambda: sum(len(p.missing) for p in streamer.waiting_parts.values()))
+        self.metrics.set_saves(self.timeline.seconds_since_last_save,
+                               self.timeline.save_interval, self.timeline.newest_unsafe_seconds)
         streamer.on_sent = self._sent
         self.recent.listeners.append(self._logged)
 
@@ -78,8 +90,20 @@ class Observer:
                    for tag, p in self._streamer.waiting_parts.items()],
             resume=_resume_wait(self.joint),
             next_prune=self.next_prune,
+            prune=self._to_prune(),
             errors=self.recent.items(),
+            timeline=self.timeline.entries(),
+            history=self.timeline.history(),
         )
+
+    def _to_prune(self) -> list[model.PruneInfo]:
+        """What the next retention pass would delete from the store, as things stand."""
+        policy = self.retention()
+        if policy is None or not self.prunes_remote:
+            return []
+        committed = [retention.Candidate(c["tag"], c["step"]) for c in self._committed.values()]
+        return [model.PruneInfo(tag=v.tag, step=v.step, reason=v.reason)
+                for v in retention.plan_remote(committed, policy, self._best) if not v.keep]
 
     def announce(self) -> None:
         """Send systemd the one-line summary of the current state."""
@@ -95,10 +119,14 @@ class Observer:
         self._committed = {m.tag: _info(m) for m in manifests}
         if (latest := newest(manifests)) is not None:
             self.metrics.last_commit(latest.step, latest.created_at)
+            self._best = latest.trainer.best_tag
 
     def committed(self, manifest: Manifest) -> None:
         """A checkpoint was just committed by this daemon."""
         self._committed[manifest.tag] = _info(manifest)
+        self._best = manifest.trainer.best_tag or self._best
+        if (safe := self.timeline.committed(manifest.tag)) is not None:
+            self.metrics.safe_after(safe)
         current = self._streamer.current
         seconds = time.monotonic() - current[1].started if current else 0.0
         self.metrics.committed(manifest.step, manifest.total_bytes, seconds)
@@ -115,6 +143,7 @@ class Observer:
             tag=pinned.tag, step=pinned.step, bytes=pinned.bytes, dropped_at=time.time()
         )
         self.metrics.dropped()
+        self.timeline.dropped(pinned.tag)
         self.announce()
 
     def child_changed(self, child: ChildStatus) -> None:
@@ -132,15 +161,25 @@ class Observer:
         counter keeps it, those bytes were sent)."""
         if nbytes > 0:
             self.metrics.uploaded(nbytes)
+            self.timeline.sent(nbytes)
 
     def _logged(self, event: str, fields: Mapping[str, Any]) -> None:
-        """Count the failures the daemon logs, so ``/metrics`` and the journal agree."""
+        """Count the failures the daemon logs, so ``/metrics`` and the journal agree, and
+        follow each checkpoint's life for the timeline."""
         if event == "child_exited" and isinstance(code := fields.get("returncode"), int):
             self.metrics.child_exited(str(fields.get("child", "")), code)
         elif event == "checkpoint_upload_failed":
             self.metrics.upload_failed()
         elif event in _RETRY_EVENTS:
             self.metrics.storage_retried(_RETRY_EVENTS[event])
+        elif event in ("vllm_hung", "trainer_hung"):
+            self.metrics.hung(str(fields.get("child", "")))
+        elif event == "checkpoint_staged" and isinstance(tag := fields.get("tag"), str):
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # logging never fails
+                self.timeline.staged(tag, int(fields["step"]), int(fields["bytes"]),
+                                     float(fields["since_last_write"]))
+        elif event == "checkpoint_complete" and isinstance(tag := fields.get("tag"), str):
+            self.timeline.queued(tag)
 
 
 _RETRY_EVENTS = {"s3_retry": "s3", "ssh_retry": "ssh"}

@@ -82,6 +82,9 @@ system_tools() {
     command -v rsync >/dev/null || missing+=(rsync)
     command -v ssh-keygen >/dev/null || missing+=(openssh-client)
     command -v systemd-analyze >/dev/null || missing+=(systemd)
+    # The status page's browser test drives the system's Chromium (Playwright's own browser
+    # download needs the internet).
+    command -v chromium >/dev/null || missing+=(chromium)
     if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
             _say "installing system packages: ${missing[*]}"

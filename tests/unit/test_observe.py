@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from traind.checkpoints.joint import Waiting
 from traind.checkpoints.space import Pinned
 from traind.checkpoints.streamer import WaitingParts
+from traind.config import RetentionConfig
+from traind.layout.manifest import Manifest
 from traind.observe import Observer
 from traind.status.render import render
 from traind.supervisor.runner import ChildStatus
@@ -165,3 +167,48 @@ def test_a_wait_for_the_resume_point_is_shown() -> None:
     assert "node 0 has not counted this node's request yet" in render(observer.snapshot())
     joint.waiting = None
     assert observer.snapshot()["resume"] is None
+
+
+def test_checkpoint_life_from_the_log_events() -> None:
+    """checkpoint_staged and checkpoint_complete build the timeline; a commit makes it safe
+    and observes its save-to-safe seconds; the save cadence and the unsafe age are scraped."""
+    streamer = idle_streamer()
+    observer = Observer("run", streamer, lambda: "s3", lambda: 0)
+    log = observer.recent.processor
+    for step in (1, 2):
+        log(None, "info", {"event": "checkpoint_staged", "tag": f"checkpoint-{step}",
+                           "step": step, "bytes": 10, "since_last_write": 0.5})
+        log(None, "info", {"event": "checkpoint_complete", "tag": f"checkpoint-{step}"})
+    log(None, "info", {"event": "checkpoint_staged", "tag": "bad"})  # missing fields: ignored
+    assert [e["stage"] for e in observer.snapshot()["timeline"]] == ["queued", "queued"]
+    assert samples(observer, "traind_newest_checkpoint_unsafe_seconds")[()] >= 0.5
+    assert set(samples(observer, "traind_save_interval_seconds")) == {()}  # two saves seen
+    observer.committed(Manifest("run", "checkpoint-2", 2, ()))
+    assert observer.snapshot()["timeline"][-1]["stage"] == "committed"
+    assert samples(observer, "traind_newest_checkpoint_unsafe_seconds") == {(): 0.0}
+    assert samples(observer, "traind_save_to_safe_seconds_count") == {(): 1}
+    assert samples(observer, "traind_seconds_since_last_save")[()] >= 0.5
+
+
+def test_hangs_are_counted_by_child() -> None:
+    """vllm_hung and trainer_hung count as hangs of the child that logged them."""
+    observer = Observer("run", idle_streamer(), lambda: "s3", lambda: 0)
+    observer.recent.processor(None, "error", {"event": "vllm_hung", "child": "vllm"})
+    observer.recent.processor(None, "error", {"event": "trainer_hung", "child": "trainer"})
+    observer.recent.processor(None, "error", {"event": "vllm_hung", "child": "vllm"})
+    assert samples(observer, "traind_child_hangs_total") == {
+        (("child", "vllm"),): 2, (("child", "trainer"),): 1,
+    }
+
+
+def test_the_next_prune_is_shown_with_its_reasons() -> None:
+    """/status lists what retention would delete from the store now, and only on the host
+    that prunes it."""
+    observer = Observer("run", idle_streamer(), lambda: "s3", lambda: 0)
+    observer.known([Manifest("run", f"checkpoint-{n}", n, ()) for n in (1, 2, 3)])
+    assert observer.snapshot()["prune"] == []  # no policy known
+    observer.retention = lambda: RetentionConfig(keep_last=2, keep_best=False)
+    assert observer.snapshot()["prune"] == [
+        {"tag": "checkpoint-1", "step": 1, "reason": "older than the last 2"}]
+    observer.prunes_remote = False
+    assert observer.snapshot()["prune"] == []

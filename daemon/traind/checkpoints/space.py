@@ -111,6 +111,10 @@ class SpaceGuard:
         self.checkpoint_bytes = 0
         """The largest checkpoint seen: what a ``factor`` floor multiplies."""
 
+    def floor(self) -> int:
+        """The free bytes kept on output_dir's filesystem now (0: no floor)."""
+        return floor_bytes(self._factor, self._fixed, self.checkpoint_bytes)
+
     def staged(self, nbytes: int) -> None:
         """A checkpoint of ``nbytes`` was just snapshot."""
         self.checkpoint_bytes = max(self.checkpoint_bytes, nbytes)

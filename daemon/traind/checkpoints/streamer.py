@@ -271,7 +271,9 @@ class Streamer:
         """Seconds until ``tag``, whose upload failed, is tried again (with backoff)."""
         n = self._failures[tag] = self._failures.get(tag, 0) + 1
         delay = self._retry.delay(n - 1)
-        log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc))
+        log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc),
+                  hint="retried with backoff; the snapshot waits in state_dir/staging until "
+                       "the store takes it")
         return delay
 
     def _wait_for_claim(self, tag: str, lease: Lease) -> float:

@@ -78,6 +78,24 @@ class Metrics:
             "traind_commit_seconds", "Seconds from upload start to manifest written.",
             buckets=COMMIT_BUCKETS, registry=r,
         )
+        self.save_to_safe_seconds = Histogram(
+            "traind_save_to_safe_seconds",
+            "Seconds from the trainer's last write into a checkpoint to its commit.",
+            buckets=COMMIT_BUCKETS, registry=r,
+        )
+        self.child_hangs = Counter(
+            "traind_child_hangs_total",
+            "Times a supervised child was found hung (vLLM stalled, trainer without progress) "
+            "and restarted.", ["child"], registry=r,
+        )
+        self.disk_free = Gauge(
+            "traind_disk_free_bytes", "Free bytes on output_dir's filesystem.", registry=r
+        )
+        self.disk_floor = Gauge(
+            "traind_disk_floor_bytes",
+            "The free-space floor below which unstored snapshots are let go (0: none).",
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "traind_queue_depth", "Complete checkpoints waiting for upload.", registry=r
         )
@@ -104,7 +122,24 @@ class Metrics:
         Info("traind_build", "The running traind: its version and Python's.", registry=r).info(
             {"version": __version__, "python": platform.python_version()}
         )
-        r.register(_SinceLastCommit(self))
+        r.register(_Computed(
+            "traind_seconds_since_last_commit", "Seconds since the newest commit.",
+            self.seconds_since_last_commit))
+        self._since_save: Callable[[], float | None] = lambda: None
+        self._save_interval: Callable[[], float | None] = lambda: None
+        self._unsafe: Callable[[], float | None] = lambda: 0.0
+        r.register(_Computed(
+            "traind_seconds_since_last_save",
+            "Seconds since the trainer finished writing its newest checkpoint.",
+            lambda: self._since_save()))
+        r.register(_Computed(
+            "traind_save_interval_seconds",
+            "Seconds between the trainer's last two checkpoint saves.",
+            lambda: self._save_interval()))
+        r.register(_Computed(
+            "traind_newest_checkpoint_unsafe_seconds",
+            "Seconds the newest checkpoint has been written but not committed (0: it is safe).",
+            lambda: self._unsafe()))
 
     def committed(self, step: int, nbytes: int, seconds: float) -> None:
         """A checkpoint of ``nbytes`` at ``step`` was committed after ``seconds``."""
@@ -118,6 +153,27 @@ class Metrics:
         self.last_committed_step.set(step)
         self.last_commit_timestamp.set(at)
         self._last_commit = at
+
+    def safe_after(self, seconds: float) -> None:
+        """A checkpoint became safe ``seconds`` after the trainer finished writing it."""
+        self.save_to_safe_seconds.observe(seconds)
+
+    def hung(self, child: str) -> None:
+        """The supervised ``child`` was found hung (and is restarted)."""
+        self.child_hangs.labels(child=child).inc()
+
+    def set_saves(
+        self, since_last: Callable[[], float | None], interval: Callable[[], float | None],
+        unsafe: Callable[[], float | None],
+    ) -> None:
+        """Read the trainer's save cadence and the newest checkpoint's unsafe age from these
+        at every scrape (None: no sample)."""
+        self._since_save, self._save_interval, self._unsafe = since_last, interval, unsafe
+
+    def set_disk(self, free: Callable[[], float], floor: Callable[[], float]) -> None:
+        """Read output_dir's free bytes and the floor from these at every scrape."""
+        self.disk_free.set_function(free)
+        self.disk_floor.set_function(floor)
 
     def uploaded(self, nbytes: int) -> None:
         """``nbytes`` more were sent to the store."""
@@ -170,24 +226,17 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class _SinceLastCommit(Collector):
-    """``traind_seconds_since_last_commit``, computed at scrape; absent before a commit."""
+class _Computed(Collector):
+    """A gauge computed at scrape by ``fn``; absent while ``fn`` returns None."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
+    def __init__(self, name: str, help: str, fn: Callable[[], float | None]) -> None:
+        self._name, self._help, self._fn = name, help, fn
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield self._family()
+        yield GaugeMetricFamily(self._name, self._help)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = self._family()
-        seconds = self._metrics.seconds_since_last_commit()
-        if seconds is not None:
-            family.add_metric([], seconds)
+        family = GaugeMetricFamily(self._name, self._help)
+        if (value := self._fn()) is not None:
+            family.add_metric([], value)
         yield family
-
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "traind_seconds_since_last_commit", "Seconds since the newest commit."
-        )

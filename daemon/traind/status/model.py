@@ -10,9 +10,10 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 from traind.progress import Progress
+from traind.status.timeline import HistoryInfo, TimelineEntry
 
 DaemonState = Literal["starting", "waiting_for_store", "running", "stopping"]
 
@@ -96,11 +97,21 @@ class ResumeWaitInfo(TypedDict):
 
 
 class ErrorInfo(TypedDict):
-    """A recent error: when, the log event, and its fields as one line."""
+    """A recent error: when, the log event, its fields as one line, and its hint (what to
+    do, or what traind does about it) when the event has one."""
 
     time: float
     event: str
     message: str
+    hint: NotRequired[str]
+
+
+class PruneInfo(TypedDict):
+    """A committed checkpoint the next retention pass will delete, and why."""
+
+    tag: str
+    step: int
+    reason: str
 
 
 class StatusSnapshot(TypedDict):
@@ -120,7 +131,10 @@ class StatusSnapshot(TypedDict):
     parts: list[PartsInfo]
     resume: ResumeWaitInfo | None
     next_prune: float | None
+    prune: list[PruneInfo]
     errors: list[ErrorInfo]
+    timeline: list[TimelineEntry]
+    history: HistoryInfo | None
 
 
 class ChildLike(Protocol):
@@ -184,7 +198,10 @@ def snapshot(
     parts: Iterable[PartsInfo] = (),
     resume: ResumeWaitInfo | None = None,
     next_prune: float | None = None,
+    prune: Iterable[PruneInfo] = (),
     errors: Iterable[ErrorInfo] = (),
+    timeline: Iterable[TimelineEntry] = (),
+    history: HistoryInfo | None = None,
     now: float | None = None,
 ) -> StatusSnapshot:
     """The whole document; ``started`` is the daemon's start as a Unix time."""
@@ -197,7 +214,8 @@ def snapshot(
         dropped=sorted(dropped, key=lambda d: d["step"]),
         held=sorted(held, key=lambda h: h["tag"]),
         parts=sorted(parts, key=lambda p: p["step"]),
-        resume=resume, next_prune=next_prune, errors=list(errors),
+        resume=resume, next_prune=next_prune, prune=list(prune), errors=list(errors),
+        timeline=list(timeline), history=history,
     )
 
 
@@ -217,10 +235,12 @@ class RecentErrors:
         self._items: deque[ErrorInfo] = deque(maxlen=size)
         self.listeners: list[Listener] = []
 
-    def add(self, event: str, message: str, at: float | None = None) -> None:
+    def add(self, event: str, message: str, at: float | None = None, hint: str = "") -> None:
         """Remember one error."""
-        self._items.append(ErrorInfo(time=time.time() if at is None else at, event=event,
-                                     message=message))
+        item = ErrorInfo(time=time.time() if at is None else at, event=event, message=message)
+        if hint:
+            item["hint"] = hint
+        self._items.append(item)
 
     def items(self) -> list[ErrorInfo]:
         """Oldest first."""
@@ -235,7 +255,8 @@ class RecentErrors:
         if method in ("error", "critical", "exception"):
             fields = " ".join(
                 f"{k}={v}" for k, v in event_dict.items()
-                if k not in ("event", "timestamp", "level", "exc_info")
+                if k not in ("event", "timestamp", "level", "exc_info", "hint")
             )
-            self.add(str(event_dict.get("event", "")), fields)
+            self.add(str(event_dict.get("event", "")), fields,
+                     hint=str(event_dict.get("hint") or ""))
         return event_dict

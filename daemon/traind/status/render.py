@@ -85,11 +85,11 @@ def render(status: StatusSnapshot, now: float | None = None) -> str:
     out.append(f"next prune {_when(status['next_prune'], now)}")
     if status["errors"]:
         out += ["", "recent errors (oldest first)"]
-        out += [
-            f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))}  {e['event']}  "
-            f"{e['message']}"
-            for e in status["errors"]
-        ]
+        for e in status["errors"]:
+            out.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['time']))}  "
+                       f"{e['event']}  {e['message']}")
+            if hint := e.get("hint"):
+                out.append(f"            hint: {hint}")
     return "\n".join(out) + "\n"
 
 

@@ -1,17 +1,21 @@
-"""The status server: ``/healthz``, ``/status`` (JSON) and ``/metrics`` (Prometheus).
+"""The status server: ``/`` (the status page), ``/healthz``, ``/status`` (JSON) and
+``/metrics`` (Prometheus).
 
 It listens on loopback by default, or on a unix socket (``unix:/run/traind/status.sock``);
-it serves what the daemon hands it and holds no state of its own.
+it serves what the daemon hands it and holds no state of its own. Everything it serves is
+read-only: the page has no actions, so it needs no protection the JSON does not have.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 from collections.abc import Callable, Mapping
+from importlib import resources
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from aiohttp import web
@@ -19,10 +23,35 @@ from aiohttp import web
 from traind.errors import TraindError
 from traind.status.address import TCPAddress, UnixAddress, parse_listen
 from traind.status.metrics import CONTENT_TYPE, Metrics
+from traind.status.model import StatusSnapshot
+from traind.status.view import main_html, page_html
 
 log = structlog.get_logger("traind.status")
 
 Snapshot = Callable[[], Mapping[str, Any]]
+
+ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "icon.svg": "image/svg+xml"}
+"""The status page's files in ``traind/status/page/``, and their content types."""
+
+PAGE_HEADERS = {
+    # Only traind's own files run or style the page; it cannot be framed or post anywhere.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def _assets() -> dict[str, tuple[bytes, str]]:
+    """Each page file's bytes and its ETag, read once from the installed package."""
+    folder = resources.files("traind.status") / "page"
+    found = {}
+    for name in ASSETS:
+        body = (folder / name).read_bytes()
+        found[name] = (body, '"' + hashlib.sha256(body).hexdigest()[:16] + '"')
+    return found
 
 
 class StatusServer:
@@ -33,10 +62,13 @@ class StatusServer:
         self._snapshot = snapshot
         self._metrics = metrics
         self._runner: web.AppRunner | None = None
+        self._assets = _assets()
 
     async def start(self) -> None:
         """Bind and serve; TraindError if the address cannot be used."""
         app = web.Application()
+        app.router.add_get("/", self._page)
+        app.router.add_get("/page/{name}", self._asset)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics_page)
@@ -96,3 +128,28 @@ class StatusServer:
 
     async def _metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _page(self, request: web.Request) -> web.Response:
+        """The status page; ``?part=main`` is its content alone (what the page's script
+        fetches to update itself)."""
+        try:
+            status = cast(StatusSnapshot, self._snapshot())
+            html = main_html(status) if request.query.get("part") == "main" else page_html(status)
+        except Exception as exc:  # a broken snapshot is a 500, never a dead server
+            log.error("status_snapshot_failed", error=repr(exc))
+            return web.Response(text=f"traind: the status is unavailable: {exc!r}", status=500)
+        response = web.Response(text=html, content_type="text/html", headers=PAGE_HEADERS)
+        response.enable_compression()
+        return response
+
+    async def _asset(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in self._assets:
+            raise web.HTTPNotFound()
+        body, etag = self._assets[name]
+        headers = {**PAGE_HEADERS, "ETag": etag}
+        if request.headers.get("If-None-Match") == etag:
+            return web.Response(status=304, headers=headers)
+        response = web.Response(body=body, content_type=ASSETS[name], headers=headers)
+        response.enable_compression()
+        return response

@@ -27,6 +27,7 @@ from traind.status.client import NOT_RUNNING, status_command
 from traind.status.metrics import Metrics
 from traind.status.render import duration, one_line, render
 from traind.status.server import StatusServer
+from traind.status.timeline import HistoryInfo, TimelineEntry
 
 GiB = 1024**3
 NOW = 1_700_000_000.0
@@ -61,13 +62,26 @@ def sample() -> model.StatusSnapshot:
             model.committed_info("checkpoint-200", 200, int(2.5 * GiB), NOW - 1200),
         ],
         next_prune=NOW + 240,
+        prune=[model.PruneInfo(tag="checkpoint-100", step=100, reason="older than the last 2")],
         errors=[
             model.ErrorInfo(
                 time=NOW - 30,
                 event="checkpoint_upload_failed",
                 message="tag=checkpoint-400 error=timeout",
+                hint="retried with backoff",
             )
         ],
+        timeline=[
+            TimelineEntry(tag="checkpoint-300", step=300, bytes=int(2.5 * GiB),
+                          stage="committed", written_at=NOW - 700, staged_at=NOW - 699,
+                          done_at=NOW - 600, safe_seconds=100.0),
+            TimelineEntry(tag="checkpoint-400", step=400, bytes=int(2.5 * GiB),
+                          stage="queued", written_at=NOW - 60, staged_at=NOW - 59,
+                          done_at=None, safe_seconds=None),
+        ],
+        history=json.loads(json.dumps(HistoryInfo(  # as JSON has it: pairs are lists
+            bucket=60.0, upload=[(NOW - 120, 6_000_000_000), (NOW - 60, 3_000_000_000)],
+            safe=[(NOW - 600, 100.0)]))),
         now=NOW,
     )
 
@@ -253,6 +267,7 @@ async def test_status_command_renders_the_table(
     assert "180 MB/s  ETA 7s" in text
     assert "checkpoint-300  300" in text
     assert "checkpoint_upload_failed  tag=checkpoint-400 error=timeout" in text
+    assert "hint: retried with backoff" in text
 
 
 async def test_status_command_json(server: StatusServer) -> None:
@@ -360,6 +375,15 @@ def test_recent_errors_from_log_events() -> None:
     ]
 
 
+def test_recent_errors_keep_the_hint_apart() -> None:
+    """An error's hint is its own field, not part of the message."""
+    recent = model.RecentErrors()
+    recent.processor(None, "error", {"event": "store_unreachable", "error": "refused",
+                                     "hint": "check the endpoint"})
+    assert recent.items()[0]["message"] == "error=refused"
+    assert recent.items()[0]["hint"] == "check the endpoint"
+
+
 @dataclass(frozen=True)
 class _Child:
     """The fields of supervisor.runner.ChildStatus that child_info reads."""
@@ -381,3 +405,86 @@ def test_child_info_from_runner_status() -> None:
     )
     assert model.child_info(exited, now=NOW)["uptime"] == 0.0
     assert model.child_info(exited, now=NOW)["last_exit"] == 1
+
+
+async def test_status_page(server: StatusServer) -> None:
+    """/ is the status page: children, upload progress, the checkpoint timeline, the chart,
+    what the next prune removes and the errors with their hints, under a strict CSP."""
+    async with (
+        asyncio.timeout(5),
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{server.address}/") as response,
+    ):
+        assert response.status == 200
+        assert response.content_type == "text/html"
+        csp = response.headers["Content-Security-Policy"]
+        html = await response.text()
+    assert "script-src 'self'" in csp
+    assert "form-action 'none'" in csp
+    assert html.startswith("<!doctype html>")
+    assert '<script src="/page/app.js" defer></script>' in html
+    assert "<noscript><meta http-equiv=refresh" in html
+    assert "<td>trainer</td><td><span class=\"badge bad\">BACKOFF</span></td>" in html
+    assert '<progress max="2684354560" value="1288490188">48%</progress>' in html
+    assert "<td>checkpoint-300</td><td>300</td>" in html
+    assert "<td>1m40s</td>" in html  # checkpoint-300's time from written to safe
+    assert "<td>not yet (" in html  # checkpoint-400 is not safe yet
+    assert all(mark in html for mark in ("<svg", "<rect", "<circle"))
+    assert "<b>checkpoint-100</b> older than the last 2" in html
+    assert "<p class=hint>retried with backoff</p>" in html
+    assert "<form" not in html
+
+
+async def test_status_page_fragment_and_assets(server: StatusServer) -> None:
+    """?part=main is the page's content alone; the page's files are served with an ETag
+    (304 when unchanged), anything else under /page/ is 404, and / takes no POST."""
+    base = f"http://{server.address}"
+    async with asyncio.timeout(5), aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/?part=main") as response:
+            part = await response.text()
+        assert part.startswith("<header>")
+        assert "<html" not in part
+        for name, ctype in [("app.js", "text/javascript"), ("style.css", "text/css"),
+                            ("icon.svg", "image/svg+xml")]:
+            async with session.get(f"{base}/page/{name}") as response:
+                assert (response.status, response.content_type) == (200, ctype)
+                etag = response.headers["ETag"]
+            async with session.get(f"{base}/page/{name}",
+                                   headers={"If-None-Match": etag}) as response:
+                assert response.status == 304
+        async with session.get(f"{base}/page/../server.py") as response:
+            assert response.status == 404
+        async with session.post(f"{base}/") as response:
+            assert response.status == 405
+
+
+async def test_status_page_escapes_what_it_shows() -> None:
+    """Names and messages from the run are shown as text, never as markup."""
+    def hostile() -> model.StatusSnapshot:
+        return model.snapshot(
+            run="<script>alert(1)</script>", state="running", started=NOW, backend="memory",
+            errors=[model.ErrorInfo(time=NOW, event="x", message="<img src=x onerror=1>")],
+        )
+
+    async with (
+        asyncio.timeout(5),
+        StatusServer("127.0.0.1:0", hostile, Metrics()) as s,
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{s.address}/") as response,
+    ):
+        html = await response.text()
+    assert "<script>alert" not in html
+    assert "<img src=x" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+async def test_broken_snapshot_is_a_500_page() -> None:
+    """A snapshot that raises gives the page as a 500 with the error."""
+
+    def broken() -> dict[str, Any]:
+        raise KeyError("children")
+
+    async with asyncio.timeout(5), StatusServer("127.0.0.1:0", broken, Metrics()) as s:
+        status, _, body = await get(f"http://{s.address}/")
+    assert status == 500
+    assert "children" in body
