@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from traind.config import LocalStorage, S3Storage, SSHStorage
+from traind.config import AnyStorage
 from traind.layout.keys import check_tag
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part
@@ -144,6 +144,6 @@ class CheckpointStore:
         return await resume.read_board(self.objects)
 
 
-def open_storage(config: LocalStorage | S3Storage | SSHStorage, run: str) -> CheckpointStore:
+def open_storage(config: AnyStorage, run: str) -> CheckpointStore:
     """The checkpoint store of ``config`` for run ``run``; no I/O until it is used."""
     return CheckpointStore(open_objects(config, run), config.concurrency)
