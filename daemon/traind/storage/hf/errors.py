@@ -46,8 +46,8 @@ def translate(exc: BaseException, where: str, op: str, key: str | None = None) -
     retry may succeed; the Hub's message kept, never a credential."""
     status = status_of(exc)
     inner = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ else exc
-    first = str(inner).strip().splitlines()
-    message = f"{where}: {op}: {first[0] if first else type(inner).__name__}"
+    said = " ".join(line.strip() for line in str(inner).splitlines() if line.strip())
+    message = f"{where}: {op}: {said[:600] or type(inner).__name__}"
     if isinstance(inner, EntryNotFoundError):
         code = MISSING
     elif isinstance(inner, RevisionNotFoundError):

@@ -1,0 +1,89 @@
+"""The Hub store against the Hub stand-in, with the real huggingface_hub: a checkpoint's
+files in one commit, commits past the budget waited out (429 with RateLimit) and logged,
+and the Hub's errors for a bad token, a missing repo and a file over the size limit."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from tests.conformance.conftest import hf_config
+from tests.conformance.test_primitives import Session, _write
+from tests.support.fake_hub import FakeHub, running_hub
+from tests.support.requires import need_module
+
+from traind.errors import StorageError
+from traind.storage import open_objects
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """A fresh stand-in per test, its commit budget two per two seconds."""
+    need_module("huggingface_hub")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
+    with running_hub(FakeHub(commit_budget=2, window=2.0, max_file_size=4096)) as server:
+        yield server
+
+
+def _repo() -> str:
+    return f"traind/t-{uuid.uuid4().hex[:12]}"
+
+
+async def test_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
+    """Sending a checkpoint's files makes one Hub commit naming the tag and host, and the
+    LFS file's sha256 recorded by the Hub is the one traind reports."""
+    repo = _repo()
+    store = open_objects(hf_config(hub, repo), "run")
+    files = _write(tmp_path, {"model.safetensors": b"\1" * 3000, "trainer_state.json": b"{}",
+                              "sub/opt.pt": b"\2" * 100})
+    session = Session()
+    async with asyncio.timeout(30):
+        await store.probe()
+        before = len(hub.commits("model", repo))
+        await store.send("checkpoint-5/", tmp_path, files, session)
+    history = hub.commits("model", repo)
+    assert len(history) == before + 1
+    assert "checkpoint-5" in history[0].message
+    assert "host" in history[0].message
+    entry = history[0].tree["ckpts/run/checkpoint-5/model.safetensors"]
+    assert entry.lfs == session.done["model.safetensors"]
+
+
+async def test_commits_past_the_budget_wait_for_the_reset(hub: FakeHub) -> None:
+    """Past the Hub's commit budget the store waits the RateLimit reset out, logs
+    ``hf_rate_limited``, and every put lands."""
+    store = open_objects(hf_config(hub, _repo()), "run")
+    with capture_logs() as logs:
+        async with asyncio.timeout(60):
+            for n in range(4):
+                await store.put(f"t/obj-{n}", b"x")
+            found = sorted(m.key for m in await store.list("t/"))
+    assert found == [f"t/obj-{n}" for n in range(4)]
+    assert "429" in hub.refused
+    assert any(e["event"] == "hf_rate_limited" and e["retry_in"] > 0 for e in logs)
+
+
+async def test_the_hubs_errors_are_storage_errors(hub: FakeHub, tmp_path: Path) -> None:
+    """A bad token, a missing repo (not created unasked) and a file over the Hub's limit
+    each fail with a StorageError saying so, the token never in the message."""
+    bad = open_objects(hf_config(hub, _repo(), token="hf_wrong"), "run")
+    missing = open_objects(hf_config(hub, _repo(), create_repo=False), "run")
+    store = open_objects(hf_config(hub, _repo()), "run")
+    async with asyncio.timeout(30):
+        with pytest.raises(StorageError) as unauthorized:
+            await bad.probe()
+        with pytest.raises(StorageError) as absent:
+            await missing.probe()
+        await store.probe()
+        with pytest.raises(StorageError) as too_big:
+            await store.send("checkpoint-1/", tmp_path,
+                             _write(tmp_path, {"huge.bin": b"\0" * 5000}), Session())
+    assert unauthorized.value.status == 401
+    assert "token" in str(unauthorized.value)
+    assert "hf_wrong" not in str(unauthorized.value)
+    assert absent.value.code == "RepoNotFound"
+    assert "maximum size" in str(too_big.value)
