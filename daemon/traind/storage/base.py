@@ -124,6 +124,9 @@ class Capabilities:
     update: bool
     claim: str
     """How a tag stays one writer's on this store, in a sentence (``traind check-config``)."""
+    atomic_delete: bool = False
+    """Whether one ``delete`` of many keys is one atomic change (a Hub commit): then a
+    checkpoint is deleted in one call, not manifest first and claims last."""
 
 
 class ObjectStore(Protocol):

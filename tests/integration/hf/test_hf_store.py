@@ -17,6 +17,8 @@ from tests.support.fake_hub import FakeHub, running_hub
 from tests.support.requires import need_module
 
 from traind.errors import StorageError
+from traind.layout.manifest import FileEntry, Manifest, Writer
+from traind.protocol import CheckpointStore
 from traind.storage import open_objects
 
 
@@ -34,8 +36,8 @@ def _repo() -> str:
 
 
 async def test_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
-    """Sending a checkpoint's files makes one Hub commit naming the tag and host, and the
-    LFS file's sha256 recorded by the Hub is the one traind reports."""
+    """Sending a checkpoint's files makes one Hub commit (pre-upload, then one
+    create_commit) naming the tag and host; the Hub's LFS sha256 is the one traind reports."""
     repo = _repo()
     store = open_objects(hf_config(hub, repo), "run")
     files = _write(tmp_path, {"model.safetensors": b"\1" * 3000, "trainer_state.json": b"{}",
@@ -51,6 +53,27 @@ async def test_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
     assert "host" in history[0].message
     entry = history[0].tree["ckpts/run/checkpoint-5/model.safetensors"]
     assert entry.lfs == session.done["model.safetensors"]
+
+
+async def test_pruning_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
+    """Deleting a committed checkpoint (manifest, files, claim) is one Hub commit, and its
+    folder is gone from the branch."""
+    repo = _repo()
+    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
+    files = _write(tmp_path, {"a.bin": b"\1" * 2000, "b.json": b"{}"})
+    writer = Writer("b" * 32, "host-b")
+    session = Session()
+    async with asyncio.timeout(30):
+        await store.claim("checkpoint-2", writer)
+        await store.upload("checkpoint-2", tmp_path, files, session)
+        entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
+        await store.commit(Manifest("run", "checkpoint-2", 2, entries, writer=writer))
+        before = len(hub.commits("model", repo))
+        await store.delete("checkpoint-2")
+        left = await store.manifests()
+    assert len(hub.commits("model", repo)) == before + 1
+    assert left == []
+    assert not [p for p in hub.head("model", repo).tree if "checkpoint-2" in p]
 
 
 async def test_commits_past_the_budget_wait_for_the_reset(hub: FakeHub) -> None:

@@ -6,7 +6,8 @@ head commit, looks at the file there, and commits with ``parent_commit`` set to 
 the Hub refuses the commit (412) when anyone committed in between, and the put reads again.
 So both are atomic here (``create`` and ``update`` True): of two writers racing for one tag
 one commit lands first, and the other sees it. ``send`` pre-uploads a checkpoint's files (LFS)
-and adds them all in one commit; a delete removes its keys in one commit. A 429 is waited
+and adds them all in one commit; a delete removes its keys in one commit (so pruning a
+checkpoint is one commit: ``atomic_delete``). A 429 is waited
 out for the ``RateLimit`` reset the Hub names, then the commit is made again.
 """
 
@@ -49,7 +50,8 @@ log = structlog.get_logger("traind.hf")
 T = TypeVar("T")
 CAPABILITIES = Capabilities(
     create=True, update=True,
-    claim="Hub commits with parent_commit: one made on a stale head is refused (412)")
+    claim="Hub commits with parent_commit: one made on a stale head is refused (412)",
+    atomic_delete=True)
 ATTEMPTS = 12
 """Reads-and-commits a conditional put tries before giving up (each 412 is another writer's
 commit landing first)."""
