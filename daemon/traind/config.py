@@ -221,6 +221,9 @@ class HFStorage(Section):
     token: SecretStr | None = None
     create_repo: bool = False
     private: bool = True
+    # The Hub allows about 128 commits an hour per repo: while a newer checkpoint waits, an
+    # older one that retention would not pin (keep_every_steps) is skipped, not committed.
+    coalesce: bool = True
     concurrency: int = Field(default=4, ge=1, le=64)
     timeout: PositiveDuration = 60.0
     claim_ttl: PositiveDuration = Field(default=600.0, ge=1.0)
