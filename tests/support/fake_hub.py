@@ -10,7 +10,8 @@ paged by ``Link: rel="next"``, ``get_paths_info`` → ``POST .../paths-info/{rev
 (``post_lfs_batch_info`` → ``POST /{id}.git/info/lfs/objects/batch``, the basic transfer's
 ``PUT`` and ``verify``), ``file_download.py`` (``GET``/``HEAD /{id}/resolve/{rev}/{path}``
 with ``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``) and
-``utils/_http.py`` (``hf_raise_for_status``: ``X-Error-Code`` ``RepoNotFound``,
+``hf_api.py``'s ``_validate_yaml`` (``POST /api/validate-yaml``, for the README HF Trainer
+pushes) and ``utils/_http.py`` (``hf_raise_for_status``: ``X-Error-Code`` ``RepoNotFound``,
 ``RevisionNotFound``, ``EntryNotFound``; ``X-Error-Message`` for a bad token; 429 with
 ``RateLimit``/``RateLimit-Policy``). A commit whose ``parentCommit`` is not the branch's head
 is refused with 412, as the Hub does; commits past ``commit_budget`` per ``window`` get 429.
@@ -203,6 +204,8 @@ class _Handler(BaseHTTPRequestHandler):
         with hub.lock:
             if path == "/api/repos/create" and method == "POST":
                 self._create_repo(json.loads(body))
+            if path == "/api/validate-yaml" and method == "POST":  # a README's model card
+                raise _Reply(200, {"errors": [], "warnings": []})
             if path == "/api/whoami-v2":
                 raise _Reply(200, {"type": "user", "name": "traind", "orgs": [],
                                    "auth": {"accessToken": {"role": "write"}}})

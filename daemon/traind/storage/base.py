@@ -110,6 +110,9 @@ class ObjectMeta:
     key: str
     size: int
     modified: float | None = None
+    sha256: str | None = None
+    """The store's own record of the content's sha256, where it keeps one (the Hub's LFS
+    files): what a checkpoint another tool wrote is verified against."""
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ class HFStore:
     def __init__(self, config: HFStorage, run: str) -> None:
         self._config = config
         self._run = run
-        self._root = "/".join(p for p in (config.path_in_repo, run) if p) + "/"
+        self._root = "".join(f"{p}/" for p in (config.path_in_repo, run) if p)
         self._token = config.token.get_secret_value() if config.token else None
         self._api = HfApi(endpoint=config.endpoint, token=self._token)
         self._host = socket.gethostname()
@@ -249,7 +249,8 @@ class HFStore:
     async def list(self, prefix: str) -> builtins.list[ObjectMeta]:
         full = self._root + prefix
         folder = full.rsplit("/", 1)[0]
-        return [ObjectMeta(e.path[len(self._root):], e.size)
+        return [ObjectMeta(e.path[len(self._root):], e.size,
+                           sha256=e.lfs.sha256 if e.lfs is not None else None)
                 for e in await self._tree(folder, recursive=True)
                 if isinstance(e, RepoFile) and e.path.startswith(full)]
 
