@@ -225,7 +225,8 @@ class HFStorage(Section):
     # older one that retention would not pin (keep_every_steps) is skipped, not committed.
     coalesce: bool = True
     concurrency: int = Field(default=4, ge=1, le=64)
-    timeout: PositiveDuration = 60.0
+    # A claim not renewed for this long, its checkpoint uncommitted, is stale: its writer
+    # died mid-upload, and another writer of the run takes the tag over (renewed every ttl/4).
     claim_ttl: PositiveDuration = Field(default=600.0, ge=1.0)
 
     @field_validator("repo_id")
