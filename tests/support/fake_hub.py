@@ -14,7 +14,8 @@ with ``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``) and
 pushes) and ``utils/_http.py`` (``hf_raise_for_status``: ``X-Error-Code`` ``RepoNotFound``,
 ``RevisionNotFound``, ``EntryNotFound``; ``X-Error-Message`` for a bad token; 429 with
 ``RateLimit``/``RateLimit-Policy``). A commit whose ``parentCommit`` is not the branch's head
-is refused with 412, as the Hub does; commits past ``commit_budget`` per ``window`` get 429.
+is refused with 412, as the Hub does; commits past ``commit_budget`` per ``window``, and
+``/api/`` calls past ``api_budget`` per ``api_window``, get 429 with ``RateLimit`` headers.
 """
 
 from __future__ import annotations
@@ -90,13 +91,17 @@ class FakeHub:
     """The Hub's state, shared by every request handler thread under one lock."""
 
     def __init__(self, commit_budget: int = 10_000, window: float = 3600.0,
-                 max_file_size: int = 50 * 1024**3) -> None:
+                 max_file_size: int = 50 * 1024**3, api_budget: int = 1_000_000,
+                 api_window: float = 300.0) -> None:
         self.repos: dict[tuple[str, str], Repo] = {}
         self.lfs: dict[str, bytes] = {}
         self.lock = threading.Lock()
         self.commit_budget = commit_budget
         self.window = window
         self.max_file_size = max_file_size
+        self.api_budget = api_budget
+        self.api_window = api_window
+        self.api_times: list[float] = []
         self.refused: list[str] = []
         """Why requests were refused (412, 429, …), in order: what a test asserts on."""
         self.endpoint = ""
@@ -202,6 +207,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not path.startswith("/lfs-upload/"):  # a presigned storage URL on the Hub
             self._auth()
         with hub.lock:
+            if path.startswith("/api/") and "/commit/" not in path:
+                self._api_call()
             if path == "/api/repos/create" and method == "POST":
                 self._create_repo(json.loads(body))
             if path == "/api/validate-yaml" and method == "POST":  # a README's model card
@@ -232,6 +239,20 @@ class _Handler(BaseHTTPRequestHandler):
                 self._resolve("dataset" if m.group(1) else "model", m.group(2),
                               m.group(3), m.group(4))
         raise _error(404, "Not found")
+
+    def _api_call(self) -> None:
+        """Count one call to ``/api/``; past ``api_budget`` in ``api_window``, 429."""
+        hub = self.server.hub
+        now = time.time()
+        hub.api_times = [t for t in hub.api_times if t > now - hub.api_window]
+        if len(hub.api_times) >= hub.api_budget:
+            reset = int(hub.api_times[0] + hub.api_window - now) + 1
+            hub.refused.append("429-api")
+            raise _error(429, "You have exceeded the rate limit for API calls", None, {
+                "RateLimit": f'"api";r=0;t={reset}',
+                "RateLimit-Policy": f'"fixed window";"api";q={hub.api_budget};'
+                                    f'w={int(hub.api_window)}'})
+        hub.api_times.append(now)
 
     def _repo_of(self, repo_type: str, repo_id: str) -> Repo:
         repo = self.server.hub.repos.get((repo_type, repo_id))

@@ -1,6 +1,7 @@
 """The Hub store against the Hub stand-in, with the real huggingface_hub: a checkpoint's
-files in one commit, commits past the budget waited out (429 with RateLimit) and logged,
-and the Hub's errors for a bad token, a missing repo and a file over the size limit."""
+files in one commit, pruning in one, commits and API calls past the Hub's budgets waited out
+(429 with RateLimit) and logged, a file whose Hub sha256 disagrees refused, and the Hub's
+errors for a bad token, a missing repo and a file over the size limit."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from tests.conformance.test_primitives import Session, _write
 from tests.support.fake_hub import FakeHub, running_hub
 from tests.support.requires import need_module
 
-from traind.errors import StorageError
+from traind.errors import IntegrityError, StorageError
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore
 from traind.storage import open_objects
+from traind.storage.base import CREATE
 
 
 @pytest.fixture
@@ -110,3 +112,36 @@ async def test_the_hubs_errors_are_storage_errors(hub: FakeHub, tmp_path: Path) 
     assert "hf_wrong" not in str(unauthorized.value)
     assert absent.value.code == "RepoNotFound"
     assert "maximum size" in str(too_big.value)
+
+
+async def test_api_calls_past_the_window_wait_for_the_reset(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Past the Hub's API calls per window (429 with RateLimit) reads and writes wait the
+    reset out and still succeed."""
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
+    with running_hub(FakeHub(api_budget=6, api_window=2.0)) as hub:
+        store = open_objects(hf_config(hub, _repo()), "run")
+        with capture_logs() as logs:
+            async with asyncio.timeout(60):
+                for n in range(3):
+                    await store.put(f"t/obj-{n}", b"x", CREATE)
+                found = sorted(m.key for m in await store.list("t/"))
+                blob = await store.get("t/obj-2")
+    assert found == ["t/obj-0", "t/obj-1", "t/obj-2"]
+    assert blob is not None
+    assert "429-api" in hub.refused
+    assert any(e["event"] == "hf_rate_limited" for e in logs)
+
+
+async def test_a_file_whose_hub_sha256_disagrees_is_not_restored(
+        hub: FakeHub, tmp_path: Path) -> None:
+    """When the Hub's recorded LFS sha256 is not that of the bytes it serves, the fetch
+    fails with an IntegrityError naming both, never handing the file over."""
+    repo = _repo()
+    store = open_objects(hf_config(hub, repo), "run")
+    files = _write(tmp_path / "src", {"w.safetensors": b"\3" * 1000})
+    async with asyncio.timeout(30):
+        await store.send("checkpoint-4/", tmp_path / "src", files, Session())
+        hub.head("model", repo).tree["ckpts/run/checkpoint-4/w.safetensors"].lfs = "0" * 64
+        with pytest.raises(IntegrityError, match="recorded"):
+            await store.fetch("checkpoint-4/", files, tmp_path / "back", lambda n: None)

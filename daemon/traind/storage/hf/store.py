@@ -56,7 +56,7 @@ ATTEMPTS = 12
 """Reads-and-commits a conditional put tries before giving up (each 412 is another writer's
 commit landing first)."""
 RATE_LIMIT_WAITS = 6
-"""How many 429s in a row one commit waits out before the error reaches the caller."""
+"""How many 429s in a row one call waits out before the error reaches the caller."""
 MAX_WAIT = 900.0
 CHUNK = 1024 * 1024
 PATHS_BATCH = 500
@@ -90,19 +90,28 @@ class HFStore:
 
     async def _call(self, op: str, key: str | None, fn: Callable[..., T], *args: Any,
                     **kwargs: Any) -> T:
-        made = False
-        for _ in range(2):
+        """``fn`` in a thread, its errors translated; a 429 is waited out for the Hub's
+        ``RateLimit`` reset (logged), a missing repo created once when the config asks."""
+        made, waits = False, 0
+        while True:
             try:
                 return await asyncio.to_thread(fn, *args, **kwargs)
             except StorageError:
                 raise
             except Exception as exc:
                 error = translate(exc, self.where(key or ""), op, key)
+                wait = reset_in(exc) if error.status == 429 else None
+                if wait is not None and waits < RATE_LIMIT_WAITS:
+                    waits += 1
+                    delay = min(MAX_WAIT, wait) + random.uniform(0.0, 1.0)
+                    log.warning("hf_rate_limited", repo=self._config.repo_id, op=op, key=key,
+                                attempt=waits, retry_in=round(delay, 1))
+                    await asyncio.sleep(delay)
+                    continue
                 if error.code != "RepoNotFound" or not self._config.create_repo or made:
                     raise error from exc
             made = True
             await self._ensure_repo()  # created on first use, then the call again
-        raise AssertionError("unreachable")
 
     def _repo(self) -> dict[str, Any]:
         return {"repo_id": self._config.repo_id, "repo_type": self._config.repo_type}
@@ -115,22 +124,11 @@ class HFStore:
 
     async def _commit(self, ops: list[Any], message: str, key: str | None,
                       parent: str | None = None) -> None:
-        """One commit of ``ops``; a 429 is waited out (logged), a missing repo created
-        when the config asks for it."""
-        for attempt in range(1, RATE_LIMIT_WAITS + 2):
-            try:
-                await self._call("create_commit", key, self._api.create_commit, **self._repo(),
-                                 operations=ops, commit_message=message,
-                                 revision=self._config.revision, parent_commit=parent)
-                return
-            except StorageError as exc:
-                wait = reset_in(exc.__cause__ or exc) if exc.status == 429 else None
-                if wait is None or attempt > RATE_LIMIT_WAITS:
-                    raise
-                delay = min(MAX_WAIT, wait) + random.uniform(0.0, 1.0)
-                log.warning("hf_rate_limited", repo=self._config.repo_id, key=key,
-                            attempt=attempt, retry_in=round(delay, 1), commit=message)
-                await asyncio.sleep(delay)
+        """One commit of ``ops`` (on ``parent`` when given: refused with 412 if the branch
+        moved since)."""
+        await self._call("create_commit", key, self._api.create_commit, **self._repo(),
+                         operations=ops, commit_message=message,
+                         revision=self._config.revision, parent_commit=parent)
 
     async def _ensure_repo(self) -> None:
         async with self._creating:
