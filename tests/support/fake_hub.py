@@ -35,6 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 TOKEN = "hf_fakeTokenForTheStandIn0123456789"
+READ_TOKEN = "hf_fakeReadOnlyTokenForTheStandIn01"
+"""A valid token with the ``read`` role: every write is refused (403)."""
 LFS_SUFFIXES = (".bin", ".safetensors", ".pt", ".pth", ".ckpt", ".h5", ".pkl", ".npy",
                 ".model", ".zip", ".msgpack", ".onnx", ".distcp")
 REGULAR_LIMIT = 10 * 1024**2
@@ -197,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _auth(self) -> None:
         given = self.headers.get("Authorization", "")
-        if given and given != f"Bearer {TOKEN}":
+        if given and given not in (f"Bearer {TOKEN}", f"Bearer {READ_TOKEN}"):
             raise _error(401, "Invalid credentials in Authorization header")
         if not given:
             raise _error(401, "Repository not found", "RepoNotFound")
@@ -209,6 +211,11 @@ class _Handler(BaseHTTPRequestHandler):
         with hub.lock:
             if path.startswith("/api/") and "/commit/" not in path:
                 self._api_call()
+            writing = path == "/api/repos/create" or bool(LFS_ROUTE.match(path)) or (
+                method == "POST" and ("/preupload/" in path or "/commit/" in path))
+            if writing and self.headers.get("Authorization") == f"Bearer {READ_TOKEN}":
+                raise _error(403, "You don't have write access to this repository "
+                                  "(the token's role is read)")
             if path == "/api/repos/create" and method == "POST":
                 self._create_repo(json.loads(body))
             if path == "/api/validate-yaml" and method == "POST":  # a README's model card

@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 from tests.conformance.conftest import hf_config
 from tests.conformance.test_primitives import Session, _write
-from tests.support.fake_hub import FakeHub, running_hub
+from tests.support.fake_hub import READ_TOKEN, FakeHub, running_hub
 from tests.support.requires import need_module
 
 from traind.errors import IntegrityError, StorageError
@@ -93,9 +93,13 @@ async def test_commits_past_the_budget_wait_for_the_reset(hub: FakeHub) -> None:
 
 
 async def test_the_hubs_errors_are_storage_errors(hub: FakeHub, tmp_path: Path) -> None:
-    """A bad token, a missing repo (not created unasked) and a file over the Hub's limit
-    each fail with a StorageError saying so, the token never in the message."""
+    """A bad token, a read-only one (the probe's pre-upload needs write access), a missing
+    repo (not created unasked) and a file over the Hub's limit each fail with a StorageError
+    saying so, the token never in the message."""
     bad = open_objects(hf_config(hub, _repo(), token="hf_wrong"), "run")
+    repo = _repo()
+    hub.create("model", repo)
+    reader = open_objects(hf_config(hub, repo, token=READ_TOKEN), "run")
     missing = open_objects(hf_config(hub, _repo(), create_repo=False), "run")
     store = open_objects(hf_config(hub, _repo()), "run")
     async with asyncio.timeout(30):
@@ -103,6 +107,8 @@ async def test_the_hubs_errors_are_storage_errors(hub: FakeHub, tmp_path: Path) 
             await bad.probe()
         with pytest.raises(StorageError) as absent:
             await missing.probe()
+        with pytest.raises(StorageError) as read_only:
+            await reader.probe()
         await store.probe()
         with pytest.raises(StorageError) as too_big:
             await store.send("checkpoint-1/", tmp_path,
@@ -111,6 +117,7 @@ async def test_the_hubs_errors_are_storage_errors(hub: FakeHub, tmp_path: Path) 
     assert "token" in str(unauthorized.value)
     assert "hf_wrong" not in str(unauthorized.value)
     assert absent.value.code == "RepoNotFound"
+    assert read_only.value.status == 403
     assert "maximum size" in str(too_big.value)
 
 

@@ -40,6 +40,7 @@ from traind.storage.base import (
     ObjectMeta,
     PutMode,
     UploadSession,
+    counted,
 )
 from traind.storage.fileio import hash_file
 from traind.storage.hf.errors import MISSING, reset_in, translate
@@ -164,8 +165,9 @@ class HFStore:
         url = hf_hub_url(self._config.repo_id, path, repo_type=self._config.repo_type,
                          revision=revision, endpoint=self._config.endpoint)
         digest = hashlib.sha256()
-        with get_session().stream("GET", url, headers=build_hf_headers(token=self._token),
-                                  follow_redirects=True) as response:
+        with counted(advance) as tally, get_session().stream(
+                "GET", url, headers=build_hf_headers(token=self._token),
+                follow_redirects=True) as response:
             if _no_file(response):
                 return None
             hf_raise_for_status(response)
@@ -174,7 +176,7 @@ class HFStore:
                 for chunk in response.iter_bytes(CHUNK):
                     out.write(chunk)
                     digest.update(chunk)
-                    advance(len(chunk))
+                    tally(len(chunk))
         return digest.hexdigest()
 
     async def _paths(self, paths: Sequence[str], revision: str) -> dict[str, RepoFile]:
@@ -196,11 +198,13 @@ class HFStore:
             return True
         for _ in range(ATTEMPTS):
             head = await self._head()
-            found = await self._call("download", key, self._download, path, head)
-            if mode.kind == "create" and found is not None:
-                return False
-            if mode.kind == "update" and (found is None or version_of(found) != mode.version):
-                return False
+            if mode.kind == "create":
+                if path in await self._paths([path], head):
+                    return False
+            else:
+                found = await self._call("download", key, self._download, path, head)
+                if found is None or version_of(found) != mode.version:
+                    return False
             try:
                 await self._commit([CommitOperationAdd(path, bytes(data))],
                                    self._message(mode.kind, key), key, parent=head)
@@ -322,6 +326,10 @@ class HFStore:
 
     async def probe(self) -> None:
         await self._head()  # the repo is reachable, the token valid (created when asked)
+        probe = CommitOperationAdd(f"{self._root}.traind-probe", b"probe")
+        await self._call("preupload_lfs_files", None, self._api.preupload_lfs_files,
+                         **self._repo(), additions=[probe], revision=self._config.revision)
+        # the pre-upload asks for write access, and commits nothing
 
     async def aclose(self) -> None:
         return None
