@@ -1,7 +1,7 @@
 """The Hub store against the Hub stand-in, with the real huggingface_hub: a checkpoint's
 files in one commit, pruning in one, commits and API calls past the Hub's budgets waited out
 (429 with RateLimit) and logged, a file whose Hub sha256 disagrees refused, and the Hub's
-errors for a bad token, a missing repo and a file over the size limit."""
+errors for a bad token, a missing repo and a file over the size limit; a dataset repo too."""
 
 from __future__ import annotations
 
@@ -152,3 +152,20 @@ async def test_a_file_whose_hub_sha256_disagrees_is_not_restored(
         hub.head("model", repo).tree["ckpts/run/checkpoint-4/w.safetensors"].lfs = "0" * 64
         with pytest.raises(IntegrityError, match="recorded"):
             await store.fetch("checkpoint-4/", files, tmp_path / "back", lambda n: None)
+
+
+async def test_a_dataset_repo_holds_checkpoints_too(hub: FakeHub, tmp_path: Path) -> None:
+    """With repo_type = "dataset" the same store works through the Hub's dataset routes
+    (``/datasets/`` for LFS and downloads): sent, listed, fetched whole."""
+    repo = _repo()
+    store = open_objects(hf_config(hub, repo, repo_type="dataset"), "run")
+    files = _write(tmp_path / "src", {"w.safetensors": b"\4" * 3000, "s.json": b"{}"})
+    session = Session()
+    async with asyncio.timeout(30):
+        await store.send("checkpoint-6/", tmp_path / "src", files, session)
+        listed = {m.key: m.size for m in await store.list("checkpoint-6/")}
+        back = await store.fetch("checkpoint-6/", files, tmp_path / "back", lambda n: None)
+    assert ("dataset", repo) in hub.repos
+    assert listed == {"checkpoint-6/w.safetensors": 3000, "checkpoint-6/s.json": 2}
+    assert back == session.done
+    assert store.describe.startswith(f"hf://datasets/{repo}@main/")
