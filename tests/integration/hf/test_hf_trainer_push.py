@@ -1,6 +1,6 @@
 """A repo holding what HF Trainer's own push wrote (the real transformers Trainer with
-``push_to_hub=True`` against the Hub stand-in): traind lists its ``last-checkpoint/`` and
-restores it byte for byte, verified against the Hub's recorded sha256."""
+``push_to_hub=True`` against the Hub stand-in): traind lists its ``last-checkpoint/`` or
+``checkpoint-N/`` and restores the newest byte for byte, verified against the Hub's sha256."""
 
 from __future__ import annotations
 
@@ -35,17 +35,18 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", ["checkpoint", "all_checkpoints"])
 async def test_trainer_pushed_checkpoint_is_listed_and_restored(
-        hub: FakeHub, tmp_path: Path) -> None:
-    """After Trainer pushed with hub_strategy="checkpoint", traind finds last-checkpoint/
-    (no traind manifest), takes its step from trainer_state.json, and restores it whole;
-    its own run's checkpoints are untouched and none is pruned."""
+        hub: FakeHub, tmp_path: Path, strategy: str) -> None:
+    """After Trainer pushed with hub_strategy="checkpoint" (last-checkpoint/) or
+    "all_checkpoints" (checkpoint-N/), traind finds them (no traind manifest), takes the
+    step from the name or trainer_state.json, and restores the newest whole, verified."""
     env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": TOKEN,
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[3] / "daemon"),
                                           os.environ.get("PYTHONPATH", "")])}
     child = await asyncio.create_subprocess_exec(
         sys.executable, str(PUSH), "--output-dir", str(tmp_path / "out"), "--repo-id", REPO,
-        "--hub-strategy", "checkpoint", env=env, stdout=subprocess.PIPE,
+        "--hub-strategy", strategy, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:
         async with asyncio.timeout(240):
@@ -64,15 +65,21 @@ async def test_trainer_pushed_checkpoint_is_listed_and_restored(
             dest = await restore(storage, manifest, tmp_path / "restored")
     finally:
         await storage.aclose()
-    assert [m.tag for m in pushed] == ["last-checkpoint"]
+    tree = hub.head("model", REPO).tree
+    folders = sorted({p.split("/")[0] for p in tree if "/" in p})
+    assert sorted(m.tag for m in pushed) == folders
+    if strategy == "checkpoint":
+        assert folders == ["last-checkpoint"]
+    else:
+        assert folders
+        assert all(f.startswith("checkpoint-") for f in folders)
     assert manifest.host == PUSHED_BY
     assert manifest.step == manifest.trainer.global_step
-    tree = hub.head("model", REPO).tree
-    on_hub = {p.removeprefix("last-checkpoint/"): e.data for p, e in tree.items()
-              if p.startswith("last-checkpoint/")}
+    on_hub = {p.removeprefix(f"{manifest.tag}/"): e.data for p, e in tree.items()
+              if p.startswith(f"{manifest.tag}/")}
     restored = {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*")
                 if p.is_file()}
     assert restored == on_hub
     local = tmp_path / "out" / f"checkpoint-{manifest.step}"
     assert {k: (local / k).read_bytes() for k in restored} == restored
-    assert any(e.lfs for p, e in tree.items() if p.startswith("last-checkpoint/"))
+    assert any(e.lfs for p, e in tree.items() if p.startswith(f"{manifest.tag}/"))
