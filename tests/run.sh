@@ -6,6 +6,6 @@
 set -euo pipefail
 source "$(dirname "$0")/support/venv.sh"
 system_tools
-project_venv s3,ssh,train,test
+project_venv s3,ssh,hf,train,test
 cd "$TRAIND_ROOT"
 ruff check . && mypy && python -m pytest "$@"

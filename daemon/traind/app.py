@@ -25,7 +25,7 @@ from traind.checkpoints.space import Pinned, SpaceGuard, free_bytes, open_journa
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
 from traind.child import uninterrupted
-from traind.config import Settings, StatusConfig
+from traind.config import HFStorage, Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.layout.manifest import Manifest
 from traind.observe import Observer
@@ -79,6 +79,9 @@ class Daemon:
             self._committed,
             claim_ttl=settings.storage.claim_ttl,
             node=self.node,
+            coalesce_every=(settings.retention.keep_every_steps or 0
+                            if isinstance(settings.storage, HFStorage)
+                            and settings.storage.coalesce else None),
         )
         self.supervisor: Supervisor | None = None
         self.watcher: Watcher | None = None

@@ -25,6 +25,7 @@ from traind.launch.cli import handle as _launch
 
 if TYPE_CHECKING:
     from traind.layout.manifest import Manifest
+    from traind.protocol import CheckpointStore
 
 log = structlog.get_logger("traind.cli")
 
@@ -323,7 +324,7 @@ async def _list(args: argparse.Namespace) -> int:
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
     try:
-        manifests = sorted(await storage.manifests(), key=lambda m: m.step)
+        manifests = sorted(await _pullable(storage, settings.run.name), key=lambda m: m.step)
     finally:
         await storage.aclose()
     if args.json:
@@ -380,7 +381,7 @@ async def _pull(args: argparse.Namespace) -> int:
     storage = open_storage(settings.storage, settings.run.name)
     if args.dry_run:
         try:
-            manifest = await find(storage, args.tag)
+            manifest = await find(storage, args.tag, await _pullable(storage, settings.run.name))
         finally:
             await storage.aclose()
         return _show_pull_plan(manifest, args.dir, storage.describe)
@@ -390,11 +391,11 @@ async def _pull(args: argparse.Namespace) -> int:
             return await restore(storage, manifest, args.dir, progress)
 
     try:
-        manifest = await find(storage, args.tag)
+        manifests = await _pullable(storage, settings.run.name)
+        manifest = await find(storage, args.tag, manifests)
         if args.tag != "latest":
             dest = await attempt(manifest)
         else:
-            manifests = await storage.manifests()
             restored = await restore_newest(storage, manifests, args.dir, None, attempt)
             if restored is None:
                 raise IntegrityError(
@@ -409,6 +410,11 @@ async def _pull(args: argparse.Namespace) -> int:
         await storage.aclose()
     print(dest)
     return 0
+
+
+async def _pullable(storage: CheckpointStore, run: str) -> list[Manifest]:
+    """The committed checkpoints, and those HF Trainer pushed itself to the same repo."""
+    return await storage.manifests() + await storage.foreign_manifests(run)
 
 
 def _show_pull_plan(manifest: Manifest, parent: Path, backend: str) -> int:

@@ -206,7 +206,51 @@ class SSHStorage(Backoff):
         return v
 
 
-StorageConfig = Annotated[LocalStorage | S3Storage | SSHStorage, Field(discriminator="type")]
+class HFStorage(Section):
+    """``[storage] type = "hf"``: a model or dataset repo on the Hugging Face Hub (or a
+    self-hosted one at ``endpoint``), one Hub commit per stored change."""
+
+    type: Literal["hf"]
+    repo_id: str
+    repo_type: Literal["model", "dataset"] = "model"
+    revision: str = "main"
+    path_in_repo: str = ""
+    endpoint: str | None = None
+    # None: HF_TOKEN, else the library's token file (``hf auth login``). Never logged, and
+    # HF_TOKEN is dropped from every child's environment.
+    token: SecretStr | None = None
+    create_repo: bool = False
+    private: bool = True
+    # The Hub allows about 128 commits an hour per repo: while a newer checkpoint waits, an
+    # older one that retention would not pin (keep_every_steps) is skipped, not committed.
+    coalesce: bool = True
+    concurrency: int = Field(default=4, ge=1, le=64)
+    # A claim not renewed for this long, its checkpoint uncommitted, is stale: its writer
+    # died mid-upload, and another writer of the run takes the tag over (renewed every ttl/4).
+    claim_ttl: PositiveDuration = Field(default=600.0, ge=1.0)
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id(cls, v: str) -> str:
+        parts = v.split("/")
+        if len(parts) != 2:
+            raise ValueError("must be <namespace>/<name>")
+        for part in parts:
+            check_component(part, "repo_id component")
+        return v
+
+    @field_validator("path_in_repo")
+    @classmethod
+    def _safe_path(cls, v: str) -> str:
+        v = v.strip("/")
+        for part in v.split("/") if v else ():
+            check_component(part, "path_in_repo component")
+        return v
+
+
+AnyStorage = LocalStorage | S3Storage | SSHStorage | HFStorage
+"""Any one ``[storage]`` section."""
+StorageConfig = Annotated[AnyStorage, Field(discriminator="type")]
 STORAGE_TYPES: tuple[str, ...] = tuple(
     get_args(model.model_fields["type"].annotation)[0]
     for model in get_args(get_args(StorageConfig)[0])

@@ -1,9 +1,9 @@
 """The stores every conformance test runs against, each with a real server where it has one:
 memory (also as a store without atomic conditional puts), a local directory, SeaweedFS over
 S3 (with conditional writes, and behind a proxy that drops them, so the listing fallback
-decides), and
-OpenSSH's sshd in each transfer mode. A new store is done when every test here passes on
-it."""
+decides), OpenSSH's sshd in each transfer mode, and the Hugging Face Hub stand-in
+(``tests/support/fake_hub.py``) with the real ``huggingface_hub`` as its client. A new store
+is done when every test here passes on it."""
 
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.fake_hub import TOKEN, FakeHub, running_hub
 from tests.support.requires import need_binary, need_module
 from tests.support.s3proxy import throttling_proxy
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
 from tests.support.sshd import HOST, SSHServer
 
-from traind.config import LocalStorage, S3Storage, SSHStorage
+from traind.config import HFStorage, LocalStorage, S3Storage, SSHStorage
 from traind.protocol import CheckpointStore
 from traind.storage import ObjectStore, open_objects
 from traind.storage.memory import MemoryStore
 
-KINDS = ["memory", "memory-listed", "local", "s3", "s3-listed", "ssh", "ssh-openssh", "ssh-rsync"]
+KINDS = ["memory", "memory-listed", "local", "s3", "s3-listed", "ssh", "ssh-openssh", "ssh-rsync",
+         "hf"]
 RUN = "run"
 
 
@@ -75,6 +77,21 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
         server.stop_sync()
 
 
+@pytest.fixture(scope="session")
+def hub() -> Iterator[FakeHub]:
+    """One Hub stand-in for every Hub case here (a fresh repo each)."""
+    need_module("huggingface_hub")
+    with running_hub() as server:
+        yield server
+
+
+def hf_config(hub: FakeHub, repo_id: str, **overrides: Any) -> HFStorage:
+    """A config for ``repo_id`` on the stand-in ``hub`` (created on first use)."""
+    return HFStorage.model_validate({
+        "type": "hf", "repo_id": repo_id, "endpoint": hub.endpoint, "token": TOKEN,
+        "path_in_repo": "ckpts", "create_repo": True, **overrides})
+
+
 def s3_config(endpoint: str, bucket: str, **overrides: Any) -> S3Storage:
     """A config for ``bucket`` at ``endpoint`` (fast retries, for tests)."""
     return S3Storage.model_validate({
@@ -118,6 +135,12 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path,
             endpoint = proxy.endpoint
         config_s = s3_config(endpoint, bucket)
         build = lambda: open_objects(config_s, RUN)  # noqa: E731
+    elif kind == "hf":
+        hub_: FakeHub = request.getfixturevalue("hub")
+        monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")  # the stand-in serves LFS, not Xet
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
+        config_f = hf_config(hub_, f"traind/t-{uuid.uuid4().hex[:12]}")
+        build = lambda: open_objects(config_f, RUN)  # noqa: E731
     else:
         sshd_: SSHServer = request.getfixturevalue("sshd")
         transfer = kind.removeprefix("ssh").removeprefix("-") or "sftp"

@@ -366,7 +366,30 @@ def test_missing_storage_type_lists_the_types(tmp_path: Path) -> None:
     """A [storage] without type says the key is missing and which types there are."""
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, MINIMAL.replace('type = "local"\n', "")))
-    assert info.value.problems == ["storage.type: required key is missing; one of local, s3, ssh"]
+    assert info.value.problems == [
+        "storage.type: required key is missing; one of local, s3, ssh, hf"]
+
+
+def test_hf_storage_keeps_its_token_secret(tmp_path: Path) -> None:
+    """A [storage] type = "hf" loads with its defaults; its token never shows in the
+    config's repr, and HF_TOKEN is not passed to a child."""
+    from traind.config import HFStorage, TrainerConfig
+    from traind.supervisor.env import Role, child_env
+
+    settings = config.validate({
+        "run": {"name": "r", "output_dir": str(tmp_path / "out"),
+                "state_dir": str(tmp_path / "state")},
+        "storage": {"type": "hf", "repo_id": "org/ckpts", "token": "hf_secretvalue"}})
+    storage = settings.storage
+    assert isinstance(storage, HFStorage)
+    assert (storage.repo_type, storage.revision, storage.path_in_repo) == ("model", "main", "")
+    assert "hf_secretvalue" not in repr(settings)
+    env = child_env({"HF_TOKEN": "hf_x", "PATH": "/bin"}, TrainerConfig(command=["true"]),
+                    Role.TRAINER)
+    assert "HF_TOKEN" not in env
+    with pytest.raises(ConfigError, match="repo_id"):
+        config.validate({"run": {"name": "r", "output_dir": str(tmp_path / "out")},
+                         "storage": {"type": "hf", "repo_id": "no-namespace"}})
 
 
 def test_an_override_naming_no_section_is_a_problem(

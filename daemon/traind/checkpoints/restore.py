@@ -36,9 +36,12 @@ def newest(manifests: list[Manifest]) -> Manifest | None:
     return max(manifests, key=lambda m: (m.step, m.created_at), default=None)
 
 
-async def find(storage: CheckpointStore, tag: str) -> Manifest:
-    """The manifest for ``tag``, or for the newest checkpoint when ``tag`` is ``latest``."""
-    manifests = await storage.manifests()
+async def find(storage: CheckpointStore, tag: str,
+               manifests: list[Manifest] | None = None) -> Manifest:
+    """The manifest for ``tag``, or for the newest checkpoint when ``tag`` is ``latest``,
+    among ``manifests`` (default: the committed ones)."""
+    if manifests is None:
+        manifests = await storage.manifests()
     if tag == "latest":
         found = newest(manifests)
     else:

@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 
 from traind.checkpoints import snapshot, writer
+from traind.checkpoints.coalesce import superseded_by
 from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.restore import identity
@@ -70,8 +71,13 @@ class Streamer:
         retry_max: float = 300.0,
         claim_ttl: float = 600.0,
         node: NodeRank | None = None,
+        coalesce_every: int | None = None,
     ) -> None:
         self._run = run
+        self._coalesce_every = coalesce_every
+        """None: every checkpoint is committed; else, on a store that limits commits, an
+        older waiting checkpoint is skipped for a newer one unless a multiple of this
+        (``keep_every_steps``, 0: none pinned)."""
         self._node = node if node is not None and node.nodes > 1 else None
         """This host in a multi-node job (its checkpoints are parts), None on one node."""
         self._waits: dict[str, int] = {}
@@ -187,6 +193,8 @@ class Streamer:
                 tag = await self._next()
                 if tag not in self._pending:  # dropped while it waited
                     continue
+                if await self._coalesced(tag):
+                    continue
                 self.in_flight = tag
                 again: float | None = None
                 try:
@@ -222,6 +230,21 @@ class Streamer:
                         self._idle.set()
                 if again is not None:
                     later.create_task(self._queue_after(again, tag), name=f"again-{tag}")
+
+    async def _coalesced(self, tag: str) -> bool:
+        """Skip ``tag`` when a newer checkpoint waits and ``tag`` is not pinned (a store
+        that limits commits; one node only): dropped, and logged."""
+        if self._coalesce_every is None or self._node is not None:
+            return False
+        steps = {parse_step(t): t for t in self._pending if t != tag}
+        step = parse_step(tag)
+        if step is None or (newer := superseded_by(
+                step, [s for s in steps if s is not None], self._coalesce_every)) is None:
+            return False
+        await self.drop(tag)
+        log.info("checkpoint_coalesced", tag=tag, step=step, newer=steps[newer],
+                 reason="a newer checkpoint waits and the store limits commits")
+        return True
 
     async def _queue_after(self, delay: float, tag: str) -> None:
         await asyncio.sleep(delay)

@@ -71,9 +71,12 @@ def _is_tag(name: str) -> bool:
 
 
 async def delete(store: ObjectStore, tag: str) -> None:
-    """Remove a checkpoint: manifest first, then its objects, its claims last. Missing is
-    not an error."""
+    """Remove a checkpoint: manifest first, then its objects, its claims last (in one call
+    where the store deletes atomically). Missing is not an error."""
     base = f"{check_tag(tag)}/"
+    if (await store.capabilities()).atomic_delete:  # all at once: no order to keep
+        await store.delete(sorted({m.key for m in await store.list(base)}))
+        return
     await store.delete([base + MANIFEST_NAME])
     keys = {m.key for m in await store.list(base)}
     claims = {k for k in keys if is_claim_file(k[len(base):]) or

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from traind.config import LocalStorage, S3Storage, SSHStorage
+from traind.config import AnyStorage
 from traind.layout.keys import check_tag
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part
-from traind.protocol import claims, commit, parts, resume
+from traind.protocol import claims, commit, foreign, parts, resume
 from traind.protocol.lease import Lease
 from traind.storage import Advance, LocalFile, ObjectStore, UploadSession, open_objects
 
@@ -25,9 +25,13 @@ CONCURRENCY = 16
 class CheckpointStore:
     """Checkpoints of one run in ``objects``: claim, send, commit, list, fetch, delete."""
 
-    def __init__(self, objects: ObjectStore, concurrency: int = CONCURRENCY) -> None:
+    def __init__(self, objects: ObjectStore, concurrency: int = CONCURRENCY,
+                 foreign: ObjectStore | None = None) -> None:
         self.objects = objects
         self._concurrency = concurrency
+        self._foreign = foreign
+        """Where another tool's checkpoints may be (the Hub repo's root, for HF Trainer's
+        push): listed and restored, never written; None where there is no such place."""
 
     @property
     def describe(self) -> str:
@@ -64,6 +68,16 @@ class CheckpointStore:
         """Every committed checkpoint of this run, in no particular order."""
         return await commit.manifests(self.objects, self._concurrency)
 
+    async def foreign_manifests(self, run: str) -> list[Manifest]:
+        """Checkpoints HF Trainer pushed itself (no traind manifest), as manifests of
+        ``run``, whose tag no committed checkpoint has: for ``traind list`` and ``pull``,
+        never pruned."""
+        if self._foreign is None:
+            return []
+        ours = {m.tag for m in await self.manifests()}
+        return [m for m in await foreign.trainer_checkpoints(
+            self._foreign, run, self._concurrency) if m.tag not in ours]
+
     async def committed(self, tag: str) -> Manifest | None:
         """The manifest of ``tag`` when it is committed: one small read."""
         return await commit.read_manifest(self.objects, tag)
@@ -72,7 +86,11 @@ class CheckpointStore:
         """Fetch every file of ``manifest`` under ``dest``; return path → sha256 as written
         (the caller verifies and renames). A file missing from the store: IntegrityError."""
         files = [LocalFile(e.path, e.size) for e in manifest.files]
-        return await self.objects.fetch(f"{check_tag(manifest.tag)}/", files, dest, advance)
+        source = self.objects
+        if self._foreign is not None and manifest.host == foreign.PUSHED_BY and (
+                manifest.writer is None):
+            source = self._foreign  # HF Trainer's own push, at the repo's root
+        return await source.fetch(f"{check_tag(manifest.tag)}/", files, dest, advance)
 
     async def delete(self, tag: str) -> None:
         """Remove a checkpoint: manifest first, then its files, claims last."""
@@ -91,6 +109,8 @@ class CheckpointStore:
     async def aclose(self) -> None:
         """Release connections."""
         await self.objects.aclose()
+        if self._foreign is not None:
+            await self._foreign.aclose()
 
     # -- multi-node: parts and the resume agreement ------------------------------------
 
@@ -144,6 +164,10 @@ class CheckpointStore:
         return await resume.read_board(self.objects)
 
 
-def open_storage(config: LocalStorage | S3Storage | SSHStorage, run: str) -> CheckpointStore:
-    """The checkpoint store of ``config`` for run ``run``; no I/O until it is used."""
-    return CheckpointStore(open_objects(config, run), config.concurrency)
+def open_storage(config: AnyStorage, run: str) -> CheckpointStore:
+    """The checkpoint store of ``config`` for run ``run``; no I/O until it is used. On the
+    Hub, the repo's root is also read for the checkpoints HF Trainer pushed itself."""
+    root = None
+    if config.type == "hf":
+        root = open_objects(config.model_copy(update={"path_in_repo": ""}), "")
+    return CheckpointStore(open_objects(config, run), config.concurrency, root)

@@ -110,6 +110,9 @@ class ObjectMeta:
     key: str
     size: int
     modified: float | None = None
+    sha256: str | None = None
+    """The store's own record of the content's sha256, where it keeps one (the Hub's LFS
+    files): what a checkpoint another tool wrote is verified against."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,9 @@ class Capabilities:
     update: bool
     claim: str
     """How a tag stays one writer's on this store, in a sentence (``traind check-config``)."""
+    atomic_delete: bool = False
+    """Whether one ``delete`` of many keys is one atomic change (a Hub commit): then a
+    checkpoint is deleted in one call, not manifest first and claims last."""
 
 
 class ObjectStore(Protocol):

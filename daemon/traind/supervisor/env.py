@@ -20,6 +20,8 @@ DISTRIBUTED_VARS = frozenset(
 )
 SINGLE_NODE = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+SECRET_VARS = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+"""The Hub token traind's store may use: the daemon's secret, never a child's."""
 RUNTIME_VARS = frozenset({"TRAIND_RESUME_FROM", "TRAIND_HEARTBEAT", CHILD_TAG, OWNER_TAG})
 
 
@@ -54,7 +56,7 @@ def config_variable(name: str) -> bool:
 def _dropped(name: str, role: Role) -> bool:
     if name == "NOTIFY_SOCKET" or name.startswith("WATCHDOG_") or name in RUNTIME_VARS:
         return True
-    if config_variable(name):
+    if config_variable(name) or name in SECRET_VARS:
         return True
     distributed = name in DISTRIBUTED_VARS or name.startswith("TORCHELASTIC_")
     return distributed and role is not Role.TRAINER
