@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 from tests.conformance.conftest import hf_config
-from tests.conformance.test_primitives import Session, _write
+from tests.conformance.test_primitives import _write
 from tests.support.fake_hub import READ_TOKEN, FakeHub, running_hub
 from tests.support.requires import need_module
+from tests.support.sessions import RecordingSession as Session
 
 from traind.errors import IntegrityError, StorageError
 from traind.layout.manifest import FileEntry, Manifest, Writer

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import aiohttp
 from tests.conformance.conftest import s3_config
-from tests.conformance.test_primitives import Session, _write
+from tests.conformance.test_primitives import _write
 from tests.support.buckets_gateway import buckets_gateway
 from tests.support.seaweed import SeaweedS3
+from tests.support.sessions import RecordingSession as Session
 
 from traind.checkpoints.restore import restore
 from traind.layout.manifest import FileEntry, Manifest, Writer
