@@ -89,6 +89,8 @@ class RunConfig(Section):
     name: str = Field(description="remote namespace: <prefix>/<name>/<tag>/")
     output_dir: Directory = Field(description="where the trainer writes checkpoint-N/")
     state_dir: Directory = Path("/var/lib/traind")
+    # On SIGTERM, once the trainer stopped (without [trainer]: once its saves settled),
+    # the time to commit what it left.
     stop_timeout: Duration = 30.0
     # At start, restore the newest committed checkpoint when output_dir holds none.
     restore: bool = True

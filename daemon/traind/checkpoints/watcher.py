@@ -25,6 +25,7 @@ from traind.checkpoints.completion import (
     decide,
     decide_at_stop,
     marked,
+    settles_in,
 )
 from traind.checkpoints.snapshot import observe
 from traind.config import CheckpointsConfig
@@ -121,11 +122,26 @@ class Watcher:
         """Names matching the pattern that are no checkpoint tag, each warned about once."""
         self._scanning = asyncio.Lock()
         """One pass at a time: a final scan never interleaves with the running watcher's."""
+        self._settled = asyncio.Event()
+        """Set after a scan that left no candidate waiting to settle."""
 
     @property
     def tracking(self) -> int:
         """How many candidates are snapshot but not yet complete."""
         return len(self._tracked)
+
+    def unsettled(self) -> dict[str, float]:
+        """The candidates snapshot but not yet complete, newest first, each with the seconds
+        until it settles if nothing in it changes."""
+        now = time.monotonic()
+        return {tag: round(settles_in(t, now, self._config.settle), 3) for tag, t in
+                sorted(self._tracked.items(), key=lambda kv: parse_step(kv[0]) or 0,
+                       reverse=True)}
+
+    async def settled(self) -> None:
+        """Return once a scan (of the running watcher) leaves no candidate waiting to
+        settle: every marked directory it found is handed on as complete."""
+        await self._settled.wait()
 
     def reopen(self, tag: str) -> None:
         """Look at ``tag`` again, as if never seen: its snapshot was found rewritten."""
@@ -191,6 +207,10 @@ class Watcher:
                 continue
             seen = await asyncio.to_thread(observe, self._dir / tag, self._config.markers)
             await self._advance(tag, step, seen)
+        if self._tracked:
+            self._settled.clear()
+        else:
+            self._settled.set()
 
     async def _advance(self, tag: str, step: int, seen: Observation | None) -> None:
         now = time.monotonic()
