@@ -92,6 +92,7 @@ class Daemon:
         self.space = SpaceGuard(
             settings.run.output_dir, self.streamer, self.journal,
             parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
+            settings.checkpoints.pattern,
         )
         self.streamer.on_staged = self._staged
         self.joint = (JointResume(self.node, lambda: self.streamer.parts_settled,
@@ -222,6 +223,7 @@ class Daemon:
         watcher = Watcher(
             s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked,
             unmarked_settles=completion.unmarked_settles(node.rank, node.nodes),
+            after_scan=self._check_space,
         )
         self.streamer.on_rewritten = watcher.reopen
         return watcher
@@ -461,6 +463,10 @@ class Daemon:
         self.observer.committed(manifest)
         await self.journal.forget_corrupt(manifest.tag)  # stored anew over a corrupt one
         self._prune_now.set()
+        try:  # on a full disk: the older ones still to commit are let go
+            await self.space.committed(manifest.step)
+        except (OSError, TraindError) as exc:
+            log.error("space_check_failed", error=str(exc))
 
     async def _retention_loop(self) -> None:
         """Prune after each commit and every ``retention.interval`` (re-read on reload)."""

@@ -106,8 +106,12 @@ class Watcher:
         done: set[str],
         tracked: Iterable[str] = (),
         unmarked_settles: bool = False,
+        after_scan: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._config = config
+        self._after_scan = after_scan
+        """Run after each scan of the running watcher: a rotation the trainer just made is
+        met at once (the free-space check), before its next save."""
         self._unmarked_settles = unmarked_settles
         """A host of a multi-node job that never sees the coordinator's markers (see
         ``completion.unmarked_settles``)."""
@@ -211,6 +215,8 @@ class Watcher:
             self._settled.clear()
         else:
             self._settled.set()
+        if self._after_scan is not None:
+            await self._after_scan()
 
     async def _advance(self, tag: str, step: int, seen: Observation | None) -> None:
         now = time.monotonic()
