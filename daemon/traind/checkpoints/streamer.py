@@ -210,8 +210,9 @@ class Streamer:
                     await self._commit_in_flight(tag)
                     self._failures.pop(tag, None)
                     self._pending.discard(tag)
-                except _DroppedError:
-                    pass  # let go meanwhile (see ``drop``): no longer pending
+                except _DroppedError:  # let go meanwhile (``drop``), or set aside
+                    if tag in self._pending:  # for the newest (``newest_only``)
+                        self._parked.add(tag)
                 except snapshot.RewrittenError as exc:
                     await self._rewritten(exc)
                     self._pending.discard(tag)  # the watcher has it again
@@ -265,10 +266,14 @@ class Streamer:
 
     def newest_only(self, on: bool) -> None:
         """While ``on`` (the disk is full), commit only the newest pending checkpoint: each
-        other one is held back when its turn comes, and queued again once ``on`` is off."""
+        other one (an older one in flight too) is held back, and queued again once ``on`` is
+        off."""
         self._newest_only = on
         if on:
             self.prefer_newest()
+            work = self._committing
+            if work is not None and self.in_flight != self.unstored[0]:
+                work.cancel()  # an older one's upload: set aside for the newest
             return
         parked, self._parked = self._parked, set()
         for tag in sorted(parked & self._pending, key=lambda t: parse_step(t) or 0):

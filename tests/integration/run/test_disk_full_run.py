@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.checkpoints import stored, write_checkpoint
-from tests.support.daemon import DaemonProcess, write_config
+from tests.support.daemon import DaemonProcess, is_event, write_config
 from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
 from tests.support.seaweed import running_seaweed
@@ -223,3 +223,45 @@ restart = {{ policy = "never" }}
     assert daemon.named("checkpoint_dropped")
     assert not daemon.named("journal_write_failed")
     assert used < 40 * 1024 * 1024  # staging let go: the trainer's two checkpoints and logs
+
+
+def test_store_back_on_a_disk_full_to_the_last_byte_commits_the_newest(tmp_path: Path) -> None:
+    """The S3 store (real SeaweedFS) comes back to a disk full to the last byte with three
+    checkpoints waiting that the trainer still holds: the journal's reserve lets traind
+    commit the newest and drop the other two with one error naming them, and stop with
+    exit 0."""
+    need_module("aiobotocore")
+    weed = need_binary("weed")
+    with tmpfs(tmp_path / "fs", "8m") as fs, running_seaweed(weed, tmp_path / "s3") as server:
+        server.create_bucket("ckpts")
+        out, state = fs / "out", fs / "state"
+        cfg = write_config(tmp_path / "traind.toml", run="exp", output_dir=out,
+                           state_dir=state, storage=server.storage_toml())
+        daemon = DaemonProcess(cfg)
+        try:
+            daemon.wait_for("daemon_ready", timeout=60)
+            server.stop()
+            for step in (1, 2, 3):
+                write_checkpoint(out, step, size=512 * 1024)
+                daemon.wait_for(is_event("checkpoint_complete", tag=f"checkpoint-{step}"), 30)
+            fill(fs)
+            daemon.wait_for("disk_space_low", timeout=30)
+            server.start()
+            daemon.wait_for("checkpoints_dropped_full_disk", timeout=120)
+            free = shutil.disk_usage(fs).free
+            assert daemon.stop() == 0, "".join(daemon.raw[-40:])
+        finally:
+            daemon.kill()
+            (tmp_path / "traind.log").write_text("".join(daemon.raw))
+        client = server.client()
+        try:
+            listed = client.list_objects_v2(Bucket="ckpts", Prefix="exp/").get("Contents", [])
+        finally:
+            client.close()
+    manifests = sorted(o["Key"] for o in listed if o["Key"].endswith("traind-manifest.json"))
+    assert manifests == ["exp/checkpoint-3/traind-manifest.json"]
+    assert [e["tags"] for e in daemon.named("checkpoints_dropped_full_disk")] == [
+        ["checkpoint-2", "checkpoint-1"]]
+    assert daemon.named("journal_reserve_released")
+    assert not daemon.named("journal_write_failed")
+    assert free < 256 * 1024  # still full: the reserve, not freed space, let it record
