@@ -210,9 +210,8 @@ class Streamer:
                     await self._commit_in_flight(tag)
                     self._failures.pop(tag, None)
                     self._pending.discard(tag)
-                except _DroppedError:  # let go meanwhile (``drop``), or set aside
-                    if tag in self._pending:  # for the newest (``newest_only``)
-                        self._parked.add(tag)
+                except _DroppedError:  # let go (``drop``), or set aside (``newest_only``)
+                    await self._stopped(tag)
                 except snapshot.RewrittenError as exc:
                     await self._rewritten(exc)
                     self._pending.discard(tag)  # the watcher has it again
@@ -260,6 +259,15 @@ class Streamer:
             raise _DroppedError(tag)
         work.result()
 
+    async def _stopped(self, tag: str) -> None:
+        """The commit of ``tag`` was cancelled: if it got as far as the journal's commit it
+        is done, else one still pending waits for the disk to have room (parked)."""
+        entry = await self._journal.get(tag)
+        if entry is not None and entry.state == "committed":
+            self._pending.discard(tag)
+        elif tag in self._pending:
+            self._parked.add(tag)
+
     async def _queue_after(self, delay: float, tag: str) -> None:
         await asyncio.sleep(delay)
         self._queue.put_nowait(tag)
@@ -272,7 +280,8 @@ class Streamer:
         if on:
             self.prefer_newest()
             work = self._committing
-            if work is not None and self.in_flight != self.unstored[0]:
+            if (work is not None and work is not asyncio.current_task()
+                    and self.in_flight != self.unstored[0]):
                 work.cancel()  # an older one's upload: set aside for the newest
             return
         parked, self._parked = self._parked, set()
