@@ -95,6 +95,7 @@ class Daemon:
         self.space = SpaceGuard(
             settings.run.output_dir, self.streamer, self.journal,
             parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
+            settings.checkpoints.pattern,
         )
         self.streamer.on_staged = self._staged
         self.observer.retention = lambda: self.settings.retention
@@ -233,6 +234,7 @@ class Daemon:
         watcher = Watcher(
             s.checkpoints, s.run.output_dir, self._stage, self.streamer.complete, done, tracked,
             unmarked_settles=completion.unmarked_settles(node.rank, node.nodes),
+            after_scan=self._check_space,
         )
         self.streamer.on_rewritten = watcher.reopen
         return watcher
@@ -324,8 +326,10 @@ class Daemon:
     async def shutdown(self, watcher: Watcher, running: _Running) -> None:
         """Stop in order: the children (trainer first), then, within ``stop_timeout``, a
         last scan that hands on every checkpoint the stopped trainer left complete,
-        committed newest first. What is not committed by then is in ``unstored`` (and in the
-        journal for next time); its claims are released once the streamer stopped."""
+        committed newest first. Without a trainer of its own the writer may still be
+        saving: the watcher runs on until every candidate has settled (or the budget is
+        spent) before that scan. What is not committed by then is in ``unstored`` (and in
+        the journal for next time); its claims are released once the streamer stopped."""
         log.info("daemon_stopping")
         self.observer.notifier.stopping()
         self.observer.set_state("stopping")
@@ -333,22 +337,49 @@ class Daemon:
             await self.supervisor.stop()
         for task in running.background:
             task.cancel()
-        running.stop_watching.set()
         writer_gone = self.supervisor is not None and self.supervisor.trainer is not None
         self.streamer.prefer_newest()
+        deadline = asyncio.get_running_loop().time() + self.settings.run.stop_timeout
+        if not writer_gone:
+            await self._settle_at_stop(watcher, deadline)
+        running.stop_watching.set()
         left: list[str] = []
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.settings.run.stop_timeout):
+            async with asyncio.timeout_at(deadline):
                 await running.watching
                 left = await watcher.final_scan(writer_gone)
                 await self.streamer.wait_idle()
         running.streaming.cancel()
-        self.unstored = [*self.streamer.unstored, *left]
+        left = list(dict.fromkeys([*left, *watcher.unsettled()]))
+        self.unstored = [*self.streamer.unstored, *(t for t in left
+                                                     if t not in self.streamer.unstored)]
         if self.unstored:  # the next host takes them over without waiting claim_ttl
             await asyncio.wait([running.streaming])  # its upload (and renewals) stopped first
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RELEASE_TIMEOUT):
                     await self.streamer.release(self.unstored)
+
+    async def _settle_at_stop(self, watcher: Watcher, deadline: float) -> None:
+        """Keep watching until no candidate waits to settle, or until ``deadline``: the
+        writer is not this daemon's child, so only its quiet says a save is done."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await watcher.scan()  # a save that ended just now is a candidate too
+                if not (waiting := watcher.unsettled()):
+                    return
+                log.info("checkpoints_settling_at_stop", checkpoints=waiting,
+                         settle=self.settings.checkpoints.settle,
+                         budget=round(deadline - started, 3),
+                         reason="no [trainer]: its writer may still be saving; each is "
+                                "complete once quiet for settle")
+                await watcher.settled()
+        left = watcher.unsettled()
+        (log.warning if left else log.info)(
+            "checkpoints_settled_at_stop", waited=round(loop.time() - started, 3),
+            unsettled=list(left),
+        )
 
     async def close(self, failure: BaseException | None = None) -> None:
         """Let go of what the daemon holds (status server, store, journal, state_dir lock)
@@ -449,6 +480,10 @@ class Daemon:
         self.observer.committed(manifest)
         await self.journal.forget_corrupt(manifest.tag)  # stored anew over a corrupt one
         self._prune_now.set()
+        try:  # on a full disk: the older ones still to commit are let go
+            await self.space.committed(manifest.step)
+        except (OSError, TraindError) as exc:
+            log.error("space_check_failed", error=str(exc))
 
     async def _retention_loop(self) -> None:
         """Prune after each commit and every ``retention.interval`` (re-read on reload)."""

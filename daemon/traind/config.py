@@ -89,6 +89,8 @@ class RunConfig(Section):
     name: str = Field(description="remote namespace: <prefix>/<name>/<tag>/")
     output_dir: Directory = Field(description="where the trainer writes checkpoint-N/")
     state_dir: Directory = Path("/var/lib/traind")
+    # On SIGTERM, once the trainer stopped (without [trainer]: once its saves settled),
+    # the time to commit what it left.
     stop_timeout: Duration = 30.0
     # At start, restore the newest committed checkpoint when output_dir holds none.
     restore: bool = True
@@ -114,7 +116,9 @@ class CheckpointsConfig(Section):
     poll_interval: PositiveDuration = 1.0
     force_polling: bool = False
     # Below this much free space on output_dir's filesystem, snapshots waiting for the
-    # store whose checkpoint the trainer rotated away are dropped, oldest first.
+    # store whose checkpoint the trainer rotated away (or, its retention seen, deletes
+    # before its next save) are dropped, oldest first; with no room for the next save even
+    # then, only the newest is committed and the older ones waiting are dropped.
     min_free_space: Floor = "1.5x"
 
 

@@ -4,7 +4,7 @@ Run as a script (it is the trainer command of traind's tests)::
 
     python tests/support/tiny_train.py --output-dir DIR [--max-steps N] [--save-steps 1]
         [--save-total-limit 2] [--resume] [--crash-at-step K] [--hang-at-step K]
-        [--step-sleep SECONDS] [--callback] [--save-only-model]
+        [--step-sleep SECONDS] [--callback] [--save-only-model] [--hidden-size 32]
 
 ``--resume`` continues from ``$TRAIND_RESUME_FROM`` when set, else from the newest
 ``checkpoint-N`` in DIR when there is one. ``--crash-at-step K`` exits with ``CRASH_EXIT``
@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--callback", action="store_true", help="add traind's TraindCallback")
     parser.add_argument("--save-only-model", action="store_true",
                         help="save the model alone (no optimizer, scheduler or RNG state)")
+    parser.add_argument("--hidden-size", type=int, default=32,
+                        help="the model's width: larger checkpoints (about hidden_size**2)")
     return parser.parse_args(argv)
 
 
@@ -121,14 +123,15 @@ def build_tokenizer() -> Any:
     )
 
 
-def build_model(vocab_size: int, pad_id: int, bos_id: int, eos_id: int) -> Any:
-    """A randomly initialised 2-layer Llama with hidden size 32."""
+def build_model(vocab_size: int, pad_id: int, bos_id: int, eos_id: int,
+                hidden_size: int = 32) -> Any:
+    """A randomly initialised 2-layer Llama with hidden size ``hidden_size``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -206,7 +209,8 @@ def build_trainer(opts: argparse.Namespace, callbacks: list[Any] | None = None) 
 
     tokenizer = build_tokenizer()
     model = build_model(
-        len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+        len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id,
+        opts.hidden_size,
     )
     config = SFTConfig(
         output_dir=str(opts.output_dir),

@@ -10,6 +10,7 @@ from traind.checkpoints.completion import (
     Tracked,
     decide,
     decide_at_stop,
+    settles_in,
     unmarked_settles,
 )
 from traind.checkpoints.watcher import listing, tag_problem
@@ -129,6 +130,16 @@ def test_at_stop_with_a_writer_of_its_own_only_the_explicit_marker_counts() -> N
     assert decide_at_stop(None, seen(explicit=True), writer_gone=False) is Action.STAGE
     explicit = seen(explicit=True)
     assert decide_at_stop(Tracked(A, 1.0), explicit, writer_gone=False) is Action.COMPLETE
+
+
+def test_settles_in_counts_down_from_the_snapshot_and_never_below_zero() -> None:
+    """A candidate unchanged since its snapshot settles ``settle`` s after it; one already
+    settled (or with no settle at all) needs no wait."""
+    assert settles_in(Tracked(A, 100.0), 100.0, 5.0) == 5.0
+    assert settles_in(Tracked(A, 100.0), 103.5, 5.0) == 1.5
+    assert settles_in(Tracked(A, 100.0), 105.0, 5.0) == 0.0
+    assert settles_in(Tracked(A, 100.0), 400.0, 5.0) == 0.0
+    assert settles_in(Tracked(A, 100.0), 100.0, 0.0) == 0.0
 
 
 def test_at_stop_a_vanished_snapshot_is_complete() -> None:

@@ -103,3 +103,9 @@ def decide_at_stop(tracked: Tracked | None, seen: Observation | None, writer_gon
     if tracked is None or seen.signature != tracked.signature:
         return Action.STAGE
     return Action.COMPLETE
+
+
+def settles_in(tracked: Tracked, now: float, settle: float) -> float:
+    """Seconds until a snapshot candidate that stays as ``tracked`` saw it is complete by
+    settling: what a stop without a writer of its own waits for."""
+    return max(0.0, tracked.since + settle - now)

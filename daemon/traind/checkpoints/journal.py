@@ -37,6 +37,7 @@ import structlog
 
 from traind.backoff import doubling
 from traind.checkpoints.identity import RunIdentity, staging_dir
+from traind.checkpoints.reserve import Reserve
 from traind.errors import JournalError
 from traind.storage import LocalFile
 
@@ -134,10 +135,14 @@ class Journal:
     in a worker thread."""
 
     def __init__(
-        self, path: Path, run: RunIdentity, retry_initial: float = 0.2, retry_max: float = 10.0
+        self, path: Path, run: RunIdentity, retry_initial: float = 0.2, retry_max: float = 10.0,
+        reserve: Reserve | None = None,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.run = run
+        self._reserve = reserve
+        """Space set aside for this journal's writes on a full disk (see ``reserve``)."""
+        self._reserve_spent = False
         self._key = run.key
         self._path = path
         self._retry = (retry_initial, retry_max)
@@ -160,6 +165,8 @@ class Journal:
         except BaseException:  # e.g. no space for the WAL index: see space.open_journal
             self._db.close()
             raise
+        if reserve is not None and not reserve.arm():
+            self._reserve_spent = True  # made once the disk has room
 
     def _columns(self, table: str) -> set[str]:
         return {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
@@ -231,8 +238,9 @@ class Journal:
 
     @classmethod
     def in_state_dir(cls, state_dir: Path, run: RunIdentity) -> Journal:
-        """Open ``run``'s records in the journal kept in ``state_dir``."""
-        return cls(state_dir / "journal.sqlite3", run)
+        """Open ``run``'s records in the journal kept in ``state_dir``, with its reserve
+        there (made now when the disk has room). Blocking."""
+        return cls(state_dir / "journal.sqlite3", run, reserve=Reserve.in_state_dir(state_dir))
 
     def close(self) -> None:
         """Close the database."""
@@ -253,6 +261,8 @@ class Journal:
             except JournalError as exc:
                 if not exc.full:
                     raise
+                if await self._spend_reserve():
+                    continue
                 if failed_at is None:
                     failed_at = time.monotonic()
                     log.error(
@@ -266,7 +276,28 @@ class Journal:
             if failed_at is not None:
                 log.info("journal_write_recovered", journal=str(self._path), attempts=attempt,
                          seconds=round(time.monotonic() - failed_at, 3))
+            if self._reserve_spent:
+                await self._restore_reserve()
             return
+
+    async def _spend_reserve(self) -> bool:
+        """Give the reserve's space to the journal (a write failed for lack of it); return
+        whether there was any to give."""
+        if self._reserve is None or not await self._run(self._reserve.release):
+            return False
+        self._reserve_spent = True
+        log.warning("journal_reserve_released", journal=str(self._path),
+                    bytes=self._reserve.size, free_bytes=_free_bytes(self._path.parent),
+                    hint="the disk is full; made again once it has room")
+        return True
+
+    async def _restore_reserve(self) -> None:
+        """Make the reserve again once the disk has room to spare."""
+        assert self._reserve is not None
+        if await self._run(self._reserve.arm):
+            self._reserve_spent = False
+            log.info("journal_reserve_restored", journal=str(self._path),
+                     bytes=self._reserve.size)
 
     def _tx(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         def run() -> None:

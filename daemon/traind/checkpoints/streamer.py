@@ -48,6 +48,10 @@ PARTS_BACKOFF = Backoff(0.5, 10.0)
 RETRY_JITTER = 0.5
 """A failed upload is tried again after a pause drawn from the upper half of its backoff:
 two writers that failed together (a contended claim) do not try again together."""
+DROP_WAIT = 0.05
+"""Seconds a drop waits for the cancelled upload of the checkpoint in flight: the store's
+own cleanup (retried against a store that is down) must not hold the room back from a
+trainer about to save."""
 CLAIM_CHECK_EVERY = 1.0
 """Seconds between checks, as files finish, that this writer still holds the tag."""
 
@@ -106,6 +110,8 @@ class Streamer:
         free-space check: the trainer's next save must fit)."""
         self.in_flight: str | None = None
         """The tag the upload loop is committing now."""
+        self._committing: asyncio.Task[Manifest] | None = None
+        """The commit of ``in_flight``, while it runs."""
         self._pending: set[str] = set()
         """Tags to commit: queued, in flight, or waiting to be retried (a dropped one is
         no longer pending; its queue entries are skipped)."""
@@ -113,6 +119,10 @@ class Streamer:
         self._idle.set()
         self._commit_lock = asyncio.Lock()
         self._newest_first = False
+        self._newest_only = False
+        """The disk is full: only the newest pending checkpoint is committed (the others
+        wait in ``_parked``, and are let go once it is committed while the disk is full)."""
+        self._parked: set[str] = set()
         self.claim_ttl = claim_ttl
         """After how long without renewal another writer's uncommitted claim is stale."""
         self._renewing = asyncio.Lock()
@@ -172,7 +182,11 @@ class Streamer:
         return StageResult.STAGED
 
     async def complete(self, tag: str, step: int) -> None:
-        """The snapshot of ``tag`` is final: queue it for upload."""
+        """The snapshot of ``tag`` is final: queue it for upload (unless it was let go
+        meanwhile: a snapshot dropped before the trainer rotated its source)."""
+        entry = await self._journal.get(tag)
+        if entry is not None and entry.state == "dropped":
+            return
         await self._journal.set_state(tag, "ready")
         log.info("checkpoint_complete", tag=tag, step=step)
         self.enqueue(tag)
@@ -195,12 +209,17 @@ class Streamer:
                     continue
                 if await self._coalesced(tag):
                     continue
+                if self._newest_only and tag != self.unstored[0]:
+                    self._parked.add(tag)  # queued again if the disk has room again
+                    continue
                 self.in_flight = tag
                 again: float | None = None
                 try:
-                    await self.commit(tag)
+                    await self._commit_in_flight(tag)
                     self._failures.pop(tag, None)
                     self._pending.discard(tag)
+                except _DroppedError:  # let go (``drop``), or set aside (``newest_only``)
+                    await self._stopped(tag)
                 except snapshot.RewrittenError as exc:
                     await self._rewritten(exc)
                     self._pending.discard(tag)  # the watcher has it again
@@ -246,9 +265,51 @@ class Streamer:
                  reason="a newer checkpoint waits and the store limits commits")
         return True
 
+    async def _commit_in_flight(self, tag: str) -> None:
+        """``commit(tag)`` as a task of its own, which ``drop`` may cancel (raised here as
+        _DroppedError); cancelling the loop cancels it too."""
+        work = asyncio.create_task(self.commit(tag), name=f"commit-{tag}")
+        self._committing = work
+        try:
+            await asyncio.wait([work])
+        except asyncio.CancelledError:
+            work.cancel()
+            await asyncio.wait([work])
+            raise
+        finally:
+            self._committing = None
+        if work.cancelled():
+            raise _DroppedError(tag)
+        work.result()
+
+    async def _stopped(self, tag: str) -> None:
+        """The commit of ``tag`` was cancelled: if it got as far as the journal's commit it
+        is done, else one still pending waits for the disk to have room (parked)."""
+        entry = await self._journal.get(tag)
+        if entry is not None and entry.state == "committed":
+            self._pending.discard(tag)
+        elif tag in self._pending:
+            self._parked.add(tag)
+
     async def _queue_after(self, delay: float, tag: str) -> None:
         await asyncio.sleep(delay)
         self._queue.put_nowait(tag)
+
+    def newest_only(self, on: bool) -> None:
+        """While ``on`` (the disk is full), commit only the newest pending checkpoint: each
+        other one (an older one in flight too) is held back, and queued again once ``on`` is
+        off."""
+        self._newest_only = on
+        if on:
+            self.prefer_newest()
+            work = self._committing
+            if (work is not None and work is not asyncio.current_task()
+                    and self.in_flight != self.unstored[0]):
+                work.cancel()  # an older one's upload: set aside for the newest
+            return
+        parked, self._parked = self._parked, set()
+        for tag in sorted(parked & self._pending, key=lambda t: parse_step(t) or 0):
+            self._queue.put_nowait(tag)
 
     def prefer_newest(self) -> None:
         """From now on take the newest queued checkpoint first: at shutdown, the one saved
@@ -355,12 +416,20 @@ class Streamer:
                         "gave it up as abandoned (checkpoint_parts_abandoned)")
 
     async def drop(self, tag: str) -> None:
-        """Let go of the snapshot of ``tag`` without storing it (not the one in flight):
-        journalled as dropped, so no restart uploads or resumes from it, and its staging
-        removed."""
-        if tag == self.in_flight:
-            raise TraindError(f"{tag} is being uploaded; it cannot be dropped")
+        """Let go of the snapshot of ``tag`` without storing it: journalled as dropped, so
+        no restart uploads or resumes from it, and its staging removed. The one in flight
+        has its upload cancelled first, waited for at most DROP_WAIT (its claim lapses as
+        any unrenewed one does); it cannot be dropped from within its own commit."""
+        work = self._committing
+        if tag == self.in_flight and work is not None:
+            if work is asyncio.current_task():
+                raise TraindError(f"{tag} is being committed; it cannot be dropped")
+            work.cancel()
+            await asyncio.wait([work], timeout=DROP_WAIT)  # its cleanup may take longer
+            if work.done() and not work.cancelled() and work.exception() is None:
+                return  # committed just before: stored, nothing to let go
         self._pending.discard(tag)  # first, so the upload loop cannot pick it up meanwhile
+        self._parked.discard(tag)
         self._failures.pop(tag, None)
         self.held.pop(tag, None)
         self.waiting_parts.pop(tag, None)
@@ -687,6 +756,10 @@ class WaitingParts:
     node_rank: int
     present: tuple[int, ...]
     missing: tuple[int, ...]
+
+
+class _DroppedError(TraindError):
+    """The checkpoint in flight was let go (``Streamer.drop``) before it was committed."""
 
 
 class PartsGoneError(TraindError):

@@ -25,6 +25,7 @@ from traind.checkpoints.completion import (
     decide,
     decide_at_stop,
     marked,
+    settles_in,
 )
 from traind.checkpoints.snapshot import observe
 from traind.config import CheckpointsConfig
@@ -105,8 +106,12 @@ class Watcher:
         done: set[str],
         tracked: Iterable[str] = (),
         unmarked_settles: bool = False,
+        after_scan: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._config = config
+        self._after_scan = after_scan
+        """Run after each scan of the running watcher: a rotation the trainer just made is
+        met at once (the free-space check), before its next save."""
         self._unmarked_settles = unmarked_settles
         """A host of a multi-node job that never sees the coordinator's markers (see
         ``completion.unmarked_settles``)."""
@@ -121,11 +126,26 @@ class Watcher:
         """Names matching the pattern that are no checkpoint tag, each warned about once."""
         self._scanning = asyncio.Lock()
         """One pass at a time: a final scan never interleaves with the running watcher's."""
+        self._settled = asyncio.Event()
+        """Set after a scan that left no candidate waiting to settle."""
 
     @property
     def tracking(self) -> int:
         """How many candidates are snapshot but not yet complete."""
         return len(self._tracked)
+
+    def unsettled(self) -> dict[str, float]:
+        """The candidates snapshot but not yet complete, newest first, each with the seconds
+        until it settles if nothing in it changes."""
+        now = time.monotonic()
+        return {tag: round(settles_in(t, now, self._config.settle), 3) for tag, t in
+                sorted(self._tracked.items(), key=lambda kv: parse_step(kv[0]) or 0,
+                       reverse=True)}
+
+    async def settled(self) -> None:
+        """Return once a scan (of the running watcher) leaves no candidate waiting to
+        settle: every marked directory it found is handed on as complete."""
+        await self._settled.wait()
 
     def reopen(self, tag: str) -> None:
         """Look at ``tag`` again, as if never seen: its snapshot was found rewritten."""
@@ -191,6 +211,12 @@ class Watcher:
                 continue
             seen = await asyncio.to_thread(observe, self._dir / tag, self._config.markers)
             await self._advance(tag, step, seen)
+        if self._tracked:
+            self._settled.clear()
+        else:
+            self._settled.set()
+        if self._after_scan is not None:
+            await self._after_scan()
 
     async def _advance(self, tag: str, step: int, seen: Observation | None) -> None:
         now = time.monotonic()

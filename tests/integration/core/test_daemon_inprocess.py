@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 from tests.support.checkpoints import write_checkpoint
 
 from traind.app import Daemon
@@ -69,11 +70,13 @@ async def test_without_a_trainer_only_the_explicit_marker_completes_at_stop(
     tmp_path: Path,
 ) -> None:
     """Watching a trainer it does not run, a stopping daemon commits a checkpoint that
-    carries traind's explicit marker at once, and names an unsettled one as unstored."""
+    carries traind's explicit marker, and names one that did not settle within
+    ``stop_timeout`` as unstored."""
     out = tmp_path / "out"
     settings = validate(
         {
-            "run": {"name": "r", "output_dir": str(out), "state_dir": str(tmp_path / "state")},
+            "run": {"name": "r", "output_dir": str(out), "state_dir": str(tmp_path / "state"),
+                    "stop_timeout": "1s"},
             "checkpoints": {"settle": "1h", "poll_interval": "1s"},
             "storage": {"type": "local", "path": str(tmp_path / "unused")},
             "status": {"enabled": False},
@@ -86,11 +89,14 @@ async def test_without_a_trainer_only_the_explicit_marker_completes_at_stop(
     write_checkpoint(out, 1)
     write_checkpoint(out, 2)
     (out / "checkpoint-1" / EXPLICIT_MARKER).touch()
-    stop.set()
-    async with asyncio.timeout(20):
-        await task
+    with capture_logs() as logs:
+        stop.set()
+        async with asyncio.timeout(20):
+            await task
     assert sorted(store.manifest_by_tag) == ["checkpoint-1"]
     assert daemon.unstored == ["checkpoint-2"]
+    waited = [e for e in logs if e["event"] == "checkpoints_settled_at_stop"]
+    assert [e["unsettled"] for e in waited] == [["checkpoint-2"]]
 
 
 async def test_open_refuses_a_second_daemon_until_the_first_one_ran(tmp_path: Path) -> None:

@@ -8,17 +8,18 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import run_in, write_checkpoint
 from tests.support.tmpfs import fill, tmpfs
 
 from traind.checkpoints import recovery
+from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.space import SpaceGuard
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
-from traind.errors import TraindError, TransientStorageError
+from traind.errors import TransientStorageError
+from traind.layout.manifest import Manifest
 from traind.protocol.testing import MemoryBackend
 from traind.storage import LocalFile, UploadSession
 
@@ -103,8 +104,7 @@ class DownStore(MemoryBackend):
 
 async def test_dropped_snapshot_is_never_uploaded(tmp_path: Path) -> None:
     """A dropped checkpoint waiting for its retry is no longer pending, is never uploaded
-    once the store is back, and a restarted daemon neither uploads nor tracks it; the one in
-    flight cannot be dropped."""
+    once the store is back, and a restarted daemon neither uploads nor tracks it."""
     state, out = tmp_path / "state", tmp_path / "out"
     store = DownStore()
     journal = Journal.in_state_dir(state, run_in(tmp_path))
@@ -115,9 +115,6 @@ async def test_dropped_snapshot_is_never_uploaded(tmp_path: Path) -> None:
             write_checkpoint(out, step)
             await streamer.stage(f"checkpoint-{step}", step, out / f"checkpoint-{step}")
             await streamer.complete(f"checkpoint-{step}", step)
-        await until(lambda: streamer.in_flight is not None)
-        with pytest.raises(TraindError, match="being uploaded"):
-            await streamer.drop(streamer.in_flight or "")
         await until(lambda: streamer.in_flight is None)  # failed, waiting for its retry
         await streamer.drop("checkpoint-1")
         assert streamer.pending == 1
@@ -160,3 +157,81 @@ async def test_staging_on_another_filesystem_is_never_dropped(tmp_path: Path) ->
             assert [e.state for e in await journal.entries()] == ["ready"] * 3
         finally:
             journal.close()
+
+
+async def test_store_back_on_a_full_disk_commits_the_newest_and_drops_the_rest(
+    tmp_path: Path,
+) -> None:
+    """With the disk full to the last byte when the store returns, the journal's reserve
+    lets the daemon record: the newest checkpoint is committed first, and the older ones
+    are dropped with one error naming them."""
+    with tmpfs(tmp_path / "fs", "4m") as fs:
+        out, state = fs / "out", fs / "state"
+        store = DownStore()
+        journal = Journal.in_state_dir(state, RunIdentity("r", out, "memory:"))
+        streamer = Streamer("r", state, store, journal, retry_initial=0.1, retry_max=0.2)
+        guard = SpaceGuard(out, streamer, journal, (1.5, 0))
+
+        async def committed(manifest: Manifest) -> None:
+            await guard.committed(manifest.step)
+
+        streamer._on_commit = committed
+        running = asyncio.create_task(streamer.run())
+        try:
+            with capture_logs() as logs:
+                for step in (1, 2, 3):  # the trainer keeps all three: none can be let go
+                    write_checkpoint(out, step, size=256 * 1024)
+                    await streamer.stage(f"checkpoint-{step}", step, out / f"checkpoint-{step}")
+                    await streamer.complete(f"checkpoint-{step}", step)
+                fill(fs)
+                await guard.check()
+                assert guard.full
+                store.down = False
+                async with asyncio.timeout(30):
+                    await streamer.wait_idle()
+            assert list(store.manifest_by_tag) == ["checkpoint-3"]
+            assert [e.state for e in await journal.entries()] == ["dropped", "dropped",
+                                                                   "committed"]
+            dropped = [e for e in logs if e["event"] == "checkpoints_dropped_full_disk"]
+            assert [e["tags"] for e in dropped] == [["checkpoint-2", "checkpoint-1"]]
+            assert dropped[0]["log_level"] == "error"
+            assert not [e for e in logs if e["event"] == "journal_write_failed"]
+            assert shutil.disk_usage(fs).free < 64 * 1024  # the disk stayed full throughout
+        finally:
+            running.cancel()
+            journal.close()
+
+
+class HangingStore(MemoryBackend):
+    """A memory store whose uploads hang (a store gone without refusing connections)."""
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        await asyncio.sleep(3600)
+
+
+async def test_the_snapshot_in_flight_is_dropped_by_stopping_its_upload(tmp_path: Path) -> None:
+    """Dropping the checkpoint whose upload hangs stops that upload: it is journalled
+    dropped, its staging is gone, and the upload loop goes on with the next one."""
+    state, out = tmp_path / "state", tmp_path / "out"
+    journal = Journal.in_state_dir(state, run_in(tmp_path))
+    streamer = Streamer("r", state, HangingStore(), journal)
+    running = asyncio.create_task(streamer.run())
+    try:
+        for step in (1, 2):
+            write_checkpoint(out, step)
+            await streamer.stage(f"checkpoint-{step}", step, out / f"checkpoint-{step}")
+            await streamer.complete(f"checkpoint-{step}", step)
+        await until(lambda: streamer.in_flight == "checkpoint-1")
+        async with asyncio.timeout(10):
+            await streamer.drop("checkpoint-1")
+        await until(lambda: streamer.in_flight == "checkpoint-2")
+        entry = await journal.get("checkpoint-1")
+        assert entry is not None
+        assert entry.state == "dropped"
+        assert not (streamer.staging / "checkpoint-1").exists()
+        assert streamer.unstored == ["checkpoint-2"]
+    finally:
+        running.cancel()
+        journal.close()

@@ -13,14 +13,17 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from tests.support.checkpoints import stored, write_checkpoint
-from tests.support.daemon import DaemonProcess, write_config
+from tests.support.daemon import DaemonProcess, is_event, write_config
 from tests.support.net import free_port
-from tests.support.requires import need_module
+from tests.support.requires import need_binary, need_module
+from tests.support.seaweed import running_seaweed
 from tests.support.tiny_train import QUIET_ENV, train_command
 from tests.support.tmpfs import fill, remount, tmpfs
 
@@ -37,6 +40,11 @@ STEPS = 24
 def daemon_run(out: Path) -> RunIdentity:
     """The run of the daemons these tests start: ``exp``, writing to ``out``."""
     return RunIdentity("exp", Path(os.path.realpath(out)), "local")
+
+
+def _when(event: dict[str, object]) -> float:
+    """The wall-clock time an event was logged at."""
+    return datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
 
 
 def _get(port: int, path: str) -> bytes:
@@ -131,8 +139,8 @@ async def _pinned_state(out: Path, state: Path, steps: int) -> None:
 @pytest.mark.parametrize("left", [160 * 1024, 0])
 async def test_restart_on_a_full_disk_makes_room_first(tmp_path: Path, left: int) -> None:
     """A daemon restarted on a disk that filled meanwhile (to the last byte, too) stays up
-    and drops the oldest rotated-away snapshots before anything else, keeping the newest;
-    the rest are committed."""
+    and drops the oldest rotated-away snapshots before anything else (the one being
+    uploaded last), keeping the newest; the rest are committed."""
     with tmpfs(tmp_path / "fs", "4m") as fs:
         out, state, store = fs / "out", fs / "state", tmp_path / "store"
         await _pinned_state(out, state, steps=4)
@@ -150,7 +158,110 @@ async def test_restart_on_a_full_disk_makes_room_first(tmp_path: Path, left: int
         finally:
             daemon.kill()
     dropped = [e["tag"] for e in daemon.named("checkpoint_dropped")]
-    assert dropped == [f"checkpoint-{n}" for n in range(1, len(dropped) + 1)]
+    assert dropped[0] == "checkpoint-1"
+    assert dropped == sorted(dropped, key=lambda t: int(t.split("-")[1]))  # in flight: last
     assert "checkpoint-4" not in dropped
-    assert set(stored(store, "exp")) == {f"checkpoint-{n}" for n in range(len(dropped) + 1, 5)}
+    let_go = {t for e in daemon.named("checkpoints_dropped_full_disk") for t in e["tags"]}
+    assert set(stored(store, "exp")) == {f"checkpoint-{n}" for n in range(1, 5)} - set(
+        dropped) - let_go
     assert not daemon.named("journal_write_failed")
+
+
+BIG = 272
+"""tiny_train's ``--hidden-size`` for checkpoints of about 16 MiB: the trainer's two and
+one being saved fit in FS_SIZE, one snapshot more does not."""
+FS_SIZE = "60m"
+
+
+def test_store_down_a_minute_with_big_checkpoints_never_kills_the_trainer(
+    tmp_path: Path,
+) -> None:
+    """Checkpoints over a quarter of the disk, the trainer keeping two and saving every second, the
+    S3 store (real SeaweedFS) down for a minute from before the first save: the trainer
+    finishes, traind lets go of what the trainer rotated away before its next save, and once
+    the store is back the newest checkpoint is committed and staging is empty."""
+    need_module("trl")
+    need_module("aiobotocore")
+    weed = need_binary("weed")
+    with tmpfs(tmp_path / "fs", FS_SIZE) as fs, running_seaweed(weed, tmp_path / "s3") as server:
+        server.create_bucket("ckpts")
+        out, state = fs / "out", fs / "state"
+        steps = 80
+        argv = train_command(out, max_steps=steps, save_steps=1, save_total_limit=2,
+                             step_sleep=0.8, hidden_size=BIG)
+        env = ", ".join(f'{k} = "{v}"' for k, v in QUIET_ENV.items())
+        cfg = write_config(
+            tmp_path / "traind.toml", run="exp", output_dir=out, state_dir=state,
+            storage=server.storage_toml(), extra=f"""
+[trainer]
+command = {json.dumps(argv)}
+env = {{ {env} }}
+progress_timeout = "120s"
+restart = {{ policy = "never" }}
+""")
+        shipped = {"TRAIND_CHECKPOINTS__SETTLE": "5s", "TRAIND_CHECKPOINTS__POLL_INTERVAL": "1s"}
+        daemon = DaemonProcess(cfg, env=shipped)
+        try:
+            daemon.wait_for("daemon_ready", timeout=60)
+            server.stop()  # down before the trainer's first save
+            daemon.wait_for("checkpoint_staged", timeout=120)
+            time.sleep(60)
+            back = time.time()
+            server.start()
+            exited = daemon.wait_for("child_exited", timeout=240)
+            assert exited["returncode"] == 0, "".join(daemon.raw[-40:])
+            rc = daemon.proc.wait(timeout=240)
+        finally:
+            daemon.kill()
+            (tmp_path / "traind.log").write_text("".join(daemon.raw))
+        used = shutil.disk_usage(fs).used
+    assert rc == 0, "".join(daemon.raw[-40:])
+    committed = daemon.named("checkpoint_committed")
+    assert f"checkpoint-{steps}" in {e["tag"] for e in committed}
+    first = min(_when(e) for e in committed)
+    assert first - back < 120
+    assert daemon.named("checkpoint_dropped")
+    assert not daemon.named("journal_write_failed")
+    assert used < 40 * 1024 * 1024  # staging let go: the trainer's two checkpoints and logs
+
+
+def test_store_back_on_a_disk_full_to_the_last_byte_commits_the_newest(tmp_path: Path) -> None:
+    """The S3 store (real SeaweedFS) comes back to a disk full to the last byte with three
+    checkpoints waiting that the trainer still holds: the journal's reserve lets traind
+    commit the newest and drop the other two with one error naming them, and stop with
+    exit 0."""
+    need_module("aiobotocore")
+    weed = need_binary("weed")
+    with tmpfs(tmp_path / "fs", "8m") as fs, running_seaweed(weed, tmp_path / "s3") as server:
+        server.create_bucket("ckpts")
+        out, state = fs / "out", fs / "state"
+        cfg = write_config(tmp_path / "traind.toml", run="exp", output_dir=out,
+                           state_dir=state, storage=server.storage_toml())
+        daemon = DaemonProcess(cfg)
+        try:
+            daemon.wait_for("daemon_ready", timeout=60)
+            server.stop()
+            for step in (1, 2, 3):
+                write_checkpoint(out, step, size=512 * 1024)
+                daemon.wait_for(is_event("checkpoint_complete", tag=f"checkpoint-{step}"), 30)
+            fill(fs)
+            daemon.wait_for("disk_space_low", timeout=30)
+            server.start()
+            daemon.wait_for("checkpoints_dropped_full_disk", timeout=120)
+            free = shutil.disk_usage(fs).free
+            assert daemon.stop() == 0, "".join(daemon.raw[-40:])
+        finally:
+            daemon.kill()
+            (tmp_path / "traind.log").write_text("".join(daemon.raw))
+        client = server.client()
+        try:
+            listed = client.list_objects_v2(Bucket="ckpts", Prefix="exp/").get("Contents", [])
+        finally:
+            client.close()
+    manifests = sorted(o["Key"] for o in listed if o["Key"].endswith("traind-manifest.json"))
+    assert manifests == ["exp/checkpoint-3/traind-manifest.json"]
+    assert [e["tags"] for e in daemon.named("checkpoints_dropped_full_disk")] == [
+        ["checkpoint-2", "checkpoint-1"]]
+    assert daemon.named("journal_reserve_released")
+    assert not daemon.named("journal_write_failed")
+    assert free < 256 * 1024  # still full: the reserve, not freed space, let it record

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from tests.support.checkpoints import setup, stored
 from tests.support.daemon import DaemonProcess, Event
 from tests.support.requires import need_binary, need_module
 from tests.support.seaweed import running_seaweed
+from tests.support.tiny_train import QUIET_ENV, train_command
 
 from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.cli import EXIT_UNSTORED
@@ -131,3 +134,53 @@ def test_what_misses_stop_timeout_is_named_and_the_exit_code_says_so(tmp_path: P
     manifests = sorted(o["Key"] for o in listed if o["Key"].endswith("traind-manifest.json"))
     assert manifests == ["exp/checkpoint-2/traind-manifest.json"]
     assert took < 4 + 5 + 30  # stop_timeout after the trainer's stop, with room for load
+
+
+def test_sigterm_without_a_trainer_waits_for_settle_then_commits(tmp_path: Path) -> None:
+    """With no ``[trainer]`` and no callback (a sidecar beside an HF trainer it did not
+    start), SIGTERM right after a save waits, within ``stop_timeout``, for the checkpoint
+    to settle, commits it to a real S3 store, and only then exits 0."""
+    need_module("trl")
+    need_module("aiobotocore")
+    with running_seaweed(need_binary("weed"), tmp_path / "seaweed") as server:
+        server.create_bucket("ckpts")
+        out, _, cfg = setup(tmp_path, storage=server.storage_toml())
+        text = shipped_timings(cfg.read_text())
+        cfg.write_text(text.replace('stop_timeout = "10s"', 'stop_timeout = "30s"'))
+        daemon = DaemonProcess(cfg)
+        trainer = None
+        try:
+            daemon.wait_for("daemon_ready", timeout=60)
+            trainer = subprocess.Popen(
+                train_command(out, max_steps=2, save_steps=1), env={**os.environ, **QUIET_ENV},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            marker = out / "checkpoint-2" / "trainer_state.json"
+            deadline = time.monotonic() + 180
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert marker.exists(), "the trainer saved no checkpoint-2"
+            time.sleep(0.2)
+            daemon.proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            rc = daemon.proc.wait(timeout=60)
+            took = time.monotonic() - sent
+            assert trainer.wait(timeout=120) == 0
+        finally:
+            if trainer is not None and trainer.poll() is None:
+                os.killpg(trainer.pid, signal.SIGKILL)
+                trainer.wait(timeout=10)
+            daemon.kill()
+        client = server.client()
+        try:
+            listed = client.list_objects_v2(Bucket="ckpts", Prefix="exp/").get("Contents", [])
+        finally:
+            client.close()
+    manifests = sorted(o["Key"] for o in listed if o["Key"].endswith("traind-manifest.json"))
+    assert rc == 0, "".join(daemon.raw[-30:])
+    assert manifests == [f"exp/checkpoint-{n}/traind-manifest.json" for n in (1, 2)]
+    assert daemon.events[-1]["event"] == "daemon_stopped"
+    assert daemon.events[-1]["unstored"] == []
+    waited = daemon.named("checkpoints_settling_at_stop")
+    assert waited
+    assert "checkpoint-2" in waited[0]["checkpoints"]
+    assert took < 30, took  # settle (5 s) and the upload, well inside stop_timeout
