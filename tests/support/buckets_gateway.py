@@ -22,6 +22,7 @@ from aiohttp import web
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from tests.support.net import forwarding
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY
 
 NAMESPACE = "traind-org"
@@ -117,17 +118,6 @@ class BucketsGateway:
 async def buckets_gateway(upstream: str) -> AsyncIterator[BucketsGateway]:
     """Serve the gateway for ``upstream`` (SeaweedFS) on a free loopback port."""
     gateway = BucketsGateway(upstream)
-    app = web.Application(client_max_size=1024 ** 3)
-    app.router.add_route("*", "/{tail:.*}", gateway._handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    try:
-        async with aiohttp.ClientSession(auto_decompress=False) as session:
-            gateway._session = session
-            await site.start()
-            port = runner.addresses[0][1]
-            gateway.endpoint = f"http://127.0.0.1:{port}/{NAMESPACE}"
-            yield gateway
-    finally:
-        await runner.cleanup()
+    async with forwarding(gateway._handle) as (endpoint, session):
+        gateway._session, gateway.endpoint = session, f"{endpoint}/{NAMESPACE}"
+        yield gateway

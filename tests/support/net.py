@@ -1,4 +1,5 @@
-"""Free loopback ports for the servers tests start, and a loopback server for a handler."""
+"""Free loopback ports for the servers tests start, and loopback servers for a handler
+(a raw stream one, and an aiohttp one for proxies in front of a real server)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
 
 
 def free_port() -> int:
@@ -33,3 +37,22 @@ async def serving(
     finally:
         server.close()
         await asyncio.wait_for(server.wait_closed(), 10)
+
+
+@contextlib.asynccontextmanager
+async def forwarding(
+    handle: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
+    """Serve ``handle`` for every route on a free loopback port for the block; yield its
+    ``http://`` URL and a client session for forwarding upstream (bodies left encoded)."""
+    app = web.Application(client_max_size=1024 ** 3)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            await site.start()
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}", session
+    finally:
+        await runner.cleanup()

@@ -19,6 +19,7 @@ from aiohttp import web
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from tests.support.net import forwarding
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY
 
 SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -107,17 +108,6 @@ async def throttling_proxy(upstream: str, ignore_conditions: bool = False
     """Serve a ThrottlingProxy for ``upstream`` on a free loopback port for the block
     (dropping the conditions of puts with ``ignore_conditions``)."""
     proxy = ThrottlingProxy(upstream, ignore_conditions=ignore_conditions)
-    app = web.Application(client_max_size=1024 ** 3)
-    app.router.add_route("*", "/{tail:.*}", proxy._handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    try:
-        async with aiohttp.ClientSession(auto_decompress=False) as session:
-            proxy._session = session
-            await site.start()
-            port = runner.addresses[0][1]
-            proxy.endpoint = f"http://127.0.0.1:{port}"
-            yield proxy
-    finally:
-        await runner.cleanup()
+    async with forwarding(proxy._handle) as (endpoint, session):
+        proxy._session, proxy.endpoint = session, endpoint
+        yield proxy
