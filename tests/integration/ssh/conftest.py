@@ -9,9 +9,10 @@ machine), so tests can look at the bytes on the remote side directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 from tests.support.checkpoints import run_in
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
     from traind.storage.ssh.store import SSHStore
 
 StartSSHD = Callable[..., SSHServer]
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+T = TypeVar("T", bound=_Closable)
 MakeStore = Callable[..., "SSHStore"]
 MakeBackend = Callable[..., CheckpointStore]
 TRANSFER_TOOLS = {"openssh": ("ssh",), "rsync": ("rsync", "ssh")}
@@ -94,18 +100,8 @@ async def make_store(remote: Path) -> AsyncIterator[MakeStore]:
     need_module("asyncssh")
     from traind.storage.ssh.store import SSHStore
 
-    stores: list[SSHStore] = []
-
-    def make(server: SSHServer, run: str = "run1", **overrides: Any) -> SSHStore:
-        _need_tools(overrides)
-        store = SSHStore(ssh_config(server, remote, **overrides), run)
-        stores.append(store)
-        return store
-
-    yield make
-    async with asyncio.timeout(10):
-        for store in stores:
-            await store.aclose()
+    async with _closing(remote, SSHStore) as make:
+        yield make
 
 
 @pytest.fixture
@@ -113,18 +109,26 @@ async def make_backend(remote: Path) -> AsyncIterator[MakeBackend]:
     """Build checkpoint stores (the protocol over an SSH store, as the daemon opens them)
     for a server, as ``make_store`` does; closed at teardown."""
     need_module("asyncssh")
-    backends: list[CheckpointStore] = []
+    async with _closing(remote, open_storage) as make:
+        yield make
 
-    def make(server: SSHServer, run: str = "run1", **overrides: Any) -> CheckpointStore:
+
+@contextlib.asynccontextmanager
+async def _closing(remote: Path, build: Callable[[SSHStorage, str], T]
+                   ) -> AsyncIterator[Callable[..., T]]:
+    """A maker of ``build(config, run)`` for a server and overrides; each one made is closed
+    on exit."""
+    made: list[T] = []
+
+    def make(server: SSHServer, run: str = "run1", **overrides: Any) -> T:
         _need_tools(overrides)
-        backend = open_storage(ssh_config(server, remote, **overrides), run)
-        backends.append(backend)
-        return backend
+        made.append(build(ssh_config(server, remote, **overrides), run))
+        return made[-1]
 
     yield make
     async with asyncio.timeout(10):
-        for backend in backends:
-            await backend.aclose()
+        for one in made:
+            await one.aclose()
 
 
 @pytest.fixture
