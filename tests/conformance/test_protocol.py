@@ -180,3 +180,20 @@ async def _claim(stores: Stores) -> Blob:
     found = await stores.make().get(f"{TAG}/{CLAIM_NAME}")
     assert found is not None
     return found
+
+
+async def test_a_killed_writers_temporary_file_goes_with_the_commit(
+    stores: Stores, tmp_path: Path,
+) -> None:
+    """A temporary file a killed upload left under the tag (its writer restarted and sent
+    the file whole) is removed when the checkpoint commits; a checkpoint file of that
+    name stays."""
+    store = stores.checkpoints()
+    files = {"model.bin": b"m" * 100, "kept.traind-part": b"a real file"}
+    async with asyncio.timeout(60):
+        manifest = await _upload(store, tmp_path / "src", files, A)
+        await stores.make().put(f"{TAG}/model.bin.0123456789ab.traind-part", b"m" * 10)
+        await store.commit(manifest)
+        names = await stores.names(TAG)
+    assert "model.bin.0123456789ab.traind-part" not in names
+    assert "kept.traind-part" in names

@@ -3,7 +3,8 @@ written last (the commit), the committed manifests listed, and a checkpoint dele
 
 A checkpoint exists only when ``<tag>/traind-manifest.json`` does. Before writing it the
 store is listed under the tag, and every file of the manifest must be there with its size:
-what a transfer tool reported (rsync exiting 0) is not proof. Deleting removes the manifest
+what a transfer tool reported (rsync exiting 0) is not proof; a temporary file a killed
+writer left there is removed. Deleting removes the manifest
 first, then the objects, the claims last, so no other writer takes the tag meanwhile.
 """
 
@@ -17,6 +18,7 @@ from traind.layout.manifest import FileEntry, Manifest, listed
 from traind.protocol.lease import check_committed, is_claim_file
 from traind.protocol.listed import CLAIMANTS
 from traind.storage.base import CREATE, OVERWRITE, ObjectStore
+from traind.storage.fileio import PART_SUFFIX
 from traind.storage.tasks import fan_out
 
 
@@ -26,20 +28,26 @@ async def read_manifest(store: ObjectStore, tag: str) -> Manifest | None:
     return None if found is None else Manifest.from_json(found.data)
 
 
-async def verify_stored(store: ObjectStore, tag: str, files: Iterable[FileEntry]) -> None:
+async def verify_stored(store: ObjectStore, tag: str, files: Iterable[FileEntry]) -> set[str]:
     """Raise MissingFilesError unless every one of ``files`` is stored under ``tag`` with
-    its size (one listing of the tag)."""
+    its size (one listing of the tag); return every name listed there."""
     base = f"{check_tag(tag)}/"
     stored = {m.key[len(base):]: m.size for m in await store.list(base)}
     if missing := [f.path for f in files if stored.get(f.path) != f.size]:
         raise MissingFilesError(tag, missing, store.where(base))
+    return set(stored)
 
 
 async def commit(store: ObjectStore, manifest: Manifest) -> None:
     """Check the files are stored, then write the manifest, never over one already there
     unless its writer is this manifest's (a retried commit): after this the checkpoint
     exists."""
-    await verify_stored(store, manifest.tag, manifest.files)
+    names = await verify_stored(store, manifest.tag, manifest.files)
+    kept = {f.path for f in manifest.files}
+    if strays := sorted(n for n in names if n.endswith(PART_SUFFIX) and n not in kept):
+        # What a killed writer was writing (no other writes here now: the tag is this
+        # writer's, or every part of it is stored).
+        await store.delete([f"{manifest.tag}/{n}" for n in strays])
     key = f"{check_tag(manifest.tag)}/{MANIFEST_NAME}"
     body = manifest.to_json()
     if (await store.capabilities()).create and await store.put(key, body, CREATE):
