@@ -37,7 +37,7 @@ try:
     from traind.protocol import open_storage
 except ImportError:  # a checkout from before the store protocol (--against)
     from traind.storage import open_storage  # type: ignore[attr-defined,no-redef]
-from traind.units import parse_size
+from traind.util.units import parse_size
 
 
 def make_checkpoint(root: Path, size: int) -> None:

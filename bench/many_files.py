@@ -42,7 +42,7 @@ from bench.s3_upload import peer_env, server_cpu
 from tests.support.daemon import write_config
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3, running_seaweed
 
-from traind.units import parse_size
+from traind.util.units import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR = "aiobotocore alone"
@@ -197,8 +197,8 @@ async def local_steps(src: Path, work: Path) -> dict[str, float]:
     from traind.checkpoints.identity import RunIdentity
     from traind.checkpoints.journal import Journal, JournalSession
     from traind.storage import LocalFile
-    from traind.storage.fileio import SharedFd
     from traind.storage.s3.buffers import new_digest, read_part
+    from traind.util.fileio import SharedFd
 
     files = snapshot.walk(src)
     size = max(path.stat().st_size for _, path in files)

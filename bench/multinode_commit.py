@@ -37,9 +37,9 @@ from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage, S3Storage, SSHStorage
 from traind.layout.manifest import Manifest
 from traind.layout.parts import Part
-from traind.nodes import NodeRank
 from traind.protocol import open_storage
-from traind.units import parse_size
+from traind.util.nodes import NodeRank
+from traind.util.units import parse_size
 
 TAG = "checkpoint-1"
 

@@ -53,7 +53,7 @@ from tests.support.seaweed import (
     running_seaweed,
 )
 
-from traind.units import parse_size
+from traind.util.units import parse_size
 
 SMALL_FILES = {
     "config.json": 700, "generation_config.json": 200, "trainer_state.json": 40_000,

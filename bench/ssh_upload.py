@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from bench.inside import journal_session, read, recorded  # noqa: E402
 from tests.support.sshd import HOST, SSHServer, descendants  # noqa: E402
 
-from traind.units import format_size, parse_size  # noqa: E402
+from traind.util.units import format_size, parse_size  # noqa: E402
 
 GCM = "aes128-gcm@openssh.com"
 PAGE = os.sysconf("SC_PAGE_SIZE")

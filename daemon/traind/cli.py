@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 import structlog
 from structlog.typing import Processor
 
-from traind import __version__, config, logs
+from traind import __version__, config
 from traind.errors import ConfigError, JournalError, TraindError
 from traind.launch.cli import add_launch_parser
 from traind.launch.cli import handle as _launch
+from traind.util import logs
 
 if TYPE_CHECKING:
     from traind.layout.manifest import Manifest
@@ -86,7 +87,7 @@ def _status_url(value: str) -> str:
     """``--url``'s value as a status.listen address: ``http://HOST:PORT`` or ``HOST:PORT``."""
     from urllib.parse import urlsplit
 
-    from traind.status.address import parse_listen
+    from traind.util.address import parse_listen
 
     parts = urlsplit(value if "://" in value else f"http://{value}")
     try:
@@ -258,7 +259,7 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from traind.app import Daemon
+    from traind.app.daemon import Daemon
     from traind.status.model import RecentErrors
 
     path = config.config_path(args.config)
@@ -342,7 +343,7 @@ async def _list(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(rows, indent=2))
         return 0
-    from traind.units import format_size
+    from traind.util.units import format_size
 
     now = time.time()
     table = [("TAG", "STEP", "FILES", "SIZE", "AGE", "HOST")] + [
@@ -374,8 +375,8 @@ def _age(seconds: float) -> str:
 async def _pull(args: argparse.Namespace) -> int:
     from traind.checkpoints.restore import find, restore, restore_newest
     from traind.errors import IntegrityError
-    from traind.progress import Progress, shown
     from traind.protocol import open_storage
+    from traind.util.progress import Progress, shown
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
@@ -419,7 +420,7 @@ async def _pullable(storage: CheckpointStore, run: str) -> list[Manifest]:
 
 def _show_pull_plan(manifest: Manifest, parent: Path, backend: str) -> int:
     """Print what ``pull --dry-run`` would fetch; refuse a destination a pull would refuse."""
-    from traind.units import format_size
+    from traind.util.units import format_size
 
     dest = parent / manifest.tag
     if dest.exists():
@@ -432,7 +433,7 @@ def _show_pull_plan(manifest: Manifest, parent: Path, backend: str) -> int:
 
 def _show_files(files: Sequence[tuple[str, int]]) -> None:
     """One line per file: its size, human, then its relative path."""
-    from traind.units import format_size
+    from traind.util.units import format_size
 
     for path, size in files:
         print(f"  {format_size(size):>10}  {path}")
@@ -446,7 +447,7 @@ async def _verify(args: argparse.Namespace) -> int:
     from traind.checkpoints.journal import Journal
     from traind.checkpoints.restore import find
     from traind.protocol import open_storage
-    from traind.units import format_size
+    from traind.util.units import format_size
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
@@ -487,7 +488,7 @@ async def _verify(args: argparse.Namespace) -> int:
 
 async def _push(args: argparse.Namespace) -> int:
     from traind.checkpoints.push import plan, push
-    from traind.units import format_size
+    from traind.util.units import format_size
 
     settings = _settings(args)
     if args.dry_run:

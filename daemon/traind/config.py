@@ -33,11 +33,11 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from traind import nodes
 from traind.errors import ConfigError
 from traind.layout.keys import check_component
-from traind.status.address import parse_listen
-from traind.units import Duration, Floor, PositiveDuration, Size
+from traind.util import nodes
+from traind.util.address import parse_listen
+from traind.util.units import Duration, Floor, PositiveDuration, Size
 
 DEFAULT_CONFIG = Path("/etc/traind/traind.toml")
 ENV_PREFIX = "TRAIND_"
@@ -68,7 +68,7 @@ class Section(BaseModel):
 
 
 class Backoff(Section):
-    """A section with capped exponential backoff (``traind.backoff.doubling``); each one
+    """A section with capped exponential backoff (``traind.util.backoff.doubling``); each one
     sets its own defaults for the two keys."""
 
     backoff_initial: Duration
@@ -95,7 +95,7 @@ class RunConfig(Section):
     # At start, restore the newest committed checkpoint when output_dir holds none.
     restore: bool = True
     nodes: int = Field(default=1, ge=1, description="hosts in the job, each running a traind")
-    # This host, 0..nodes-1; None: from the scheduler's environment (traind.nodes).
+    # This host, 0..nodes-1; None: from the scheduler's environment (traind.util.nodes).
     node_rank: int | None = Field(default=None, ge=0)
     # With nodes > 1: a checkpoint whose parts have not all arrived this long after the
     # newest one (a host died for good) is reported and deleted from the store by node 0.

@@ -7,11 +7,6 @@ boundary where they happen, with the original kept as ``__cause__``.
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from traind.layout.manifest import Manifest
-    from traind.protocol.lease import Lease
 
 
 class TraindError(Exception):
@@ -87,39 +82,6 @@ def os_error(exc: OSError, action: str, path: object = None) -> StorageError:
 
 class NotFoundError(StorageError):
     """No such checkpoint in the store."""
-
-
-class ConflictError(StorageError):
-    """Another writer holds this checkpoint in the store; ours is not stored there."""
-
-    def __init__(self, tag: str, ours: str, theirs: str, where: str = "") -> None:
-        self.tag = tag
-        self.ours = ours
-        self.theirs = theirs
-        self.committed: Manifest | None = None
-        """The other writer's manifest of the tag, when it is committed."""
-        at = f" in {where}" if where else ""
-        super().__init__(
-            f"{tag}{at} belongs to writer {theirs}, not to this one ({ours}): another traind "
-            "with the same run.name writes to this store; the local copy is kept"
-        )
-
-
-class ClaimHeldError(ConflictError):
-    """Another writer's claim holds this checkpoint and it is not committed: wait until it
-    commits (a conflict then) or its claim goes stale (taken over then)."""
-
-    def __init__(self, tag: str, ours: str, lease: Lease, where: str = "") -> None:
-        super().__init__(tag, ours, str(lease.writer), where)
-        self.lease = lease
-        at = f" in {where}" if where else ""
-        renewed = f"renewed {lease.age():.0f}s ago" if lease.renewed_at else "released"
-        self.args = (
-            f"{tag}{at} belongs to writer {lease.writer}, not to this one ({ours}): its "
-            f"upload is not committed (claim {renewed}); this one is stored once that "
-            "writer commits (a conflict then) or stops renewing its claim for "
-            "storage.claim_ttl (taken over then)",
-        )
 
 
 class ContendedError(TransientStorageError):

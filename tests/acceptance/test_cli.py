@@ -18,7 +18,7 @@ from tests.support.daemon import DaemonProcess, write_config
 from tests.support.net import free_port
 from tests.support.requires import need_module
 
-from traind.nodes import RANK_VARIABLES
+from traind.util.nodes import RANK_VARIABLES
 
 COMMANDS = ["run", "check-config", "list", "pull", "verify", "push", "prune"]
 

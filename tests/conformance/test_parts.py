@@ -17,13 +17,13 @@ from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
 from traind.checkpoints.watcher import StageResult
-from traind.errors import ConflictError
 from traind.layout.keys import AGREEMENT_DIR
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError, union
-from traind.nodes import NodeRank
 from traind.protocol import CheckpointStore
+from traind.protocol.lease import ConflictError
 from traind.storage import LocalFile
+from traind.util.nodes import NodeRank
 
 W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
 TAG = "checkpoint-4"

@@ -14,11 +14,11 @@ from tests.conformance.conftest import Stores
 from tests.conformance.test_primitives import ODD_NAMES, _write
 from tests.support.sessions import RecordingSession
 
-from traind.errors import ClaimHeldError, ConflictError, MissingFilesError
+from traind.errors import MissingFilesError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import Lease
+from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
 from traind.storage.base import Blob
 
 TAG = "checkpoint-7"

@@ -17,9 +17,10 @@ from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal, JournalSession
 from traind.checkpoints.restore import restore
 from traind.checkpoints.streamer import Streamer
-from traind.errors import ClaimHeldError, ConflictError, TransientStorageError
+from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest, Writer
 from traind.protocol import CheckpointStore
+from traind.protocol.lease import ClaimHeldError, ConflictError
 from traind.storage import LocalFile
 
 

@@ -12,7 +12,7 @@ from traind import config
 from traind.config import LocalStorage
 from traind.errors import ConfigError
 from traind.launch import config as launch_config
-from traind.nodes import RANK_VARIABLES, NodeRank
+from traind.util.nodes import RANK_VARIABLES, NodeRank
 
 MINIMAL = """
 [run]

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 from tests.support.requires import need_binary, need_module
 
-from traind import config, nodes
+from traind import config
 from traind.config import Settings
 from traind.supervisor.env import child_env
 from traind.supervisor.policy import Role
 from traind.supervisor.trainer import resume_argv
+from traind.util import nodes
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "multinode"
 

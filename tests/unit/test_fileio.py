@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from traind.storage import fileio
-from traind.storage.fileio import copy_hashed, direct_io, preallocate
+from traind.util import fileio
+from traind.util.fileio import copy_hashed, direct_io, preallocate
 
 
 def test_preallocate_reserves_without_growing_the_file(tmp_path: Path) -> None:

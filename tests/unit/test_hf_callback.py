@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from tests.support.requires import need_module
 
-from traind.checkpoints.completion import EXPLICIT_MARKER
+from traind.layout.markers import EXPLICIT_MARKER
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -222,8 +222,8 @@ def test_snapshot_handshake_waits_then_gives_up(
 ) -> None:
     """Under traind the callback waits for the daemon's ack, and stops waiting after a
     timeout instead of stalling every later save."""
-    from traind.checkpoints.completion import ACK_DIR_ENV
     from traind.integrations.hf import TraindCallback
+    from traind.layout.markers import ACK_DIR_ENV
 
     acks = tmp_path / "acks"
     acks.mkdir()

@@ -20,8 +20,8 @@ from traind.config import LocalStorage
 from traind.errors import IntegrityError
 from traind.layout.keys import AGREEMENT_DIR
 from traind.layout.manifest import FileEntry, Manifest, Writer
-from traind.nodes import NodeRank
 from traind.protocol import CheckpointStore, open_storage
+from traind.util.nodes import NodeRank
 
 TAG = "checkpoint-2"
 BYTES = {".metadata": b"meta", "__0_0.distcp": b"rank zero", "__1_0.distcp": b"rank one"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from traind.nodes import RANK_VARIABLES, NodeRank, RankError, resolve
+from traind.util.nodes import RANK_VARIABLES, NodeRank, RankError, resolve
 
 
 def test_one_node_is_rank_0_whatever_the_environment_says() -> None:

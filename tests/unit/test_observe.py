@@ -8,12 +8,12 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from traind.app.observe import Observer
 from traind.checkpoints.joint import Waiting
 from traind.checkpoints.space import Pinned
 from traind.checkpoints.streamer import WaitingParts
 from traind.config import RetentionConfig
 from traind.layout.manifest import Manifest
-from traind.observe import Observer
 from traind.status.render import render
 from traind.supervisor.runner import ChildStatus
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from traind.app.reload import plan_reload
 from traind.config import validate
-from traind.reload import plan_reload
 
 BASE: dict[str, Any] = {
     "run": {"name": "r", "output_dir": "/o"},

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from traind.errors import StorageError, TransientStorageError
-from traind.retry import Backoff, retrying, transient
+from traind.util.retry import Backoff, retrying, transient
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from traind.errors import IntegrityError
-from traind.storage import fileio
-from traind.storage.fileio import ALIGN, create
 from traind.storage.s3 import download as s3_download
 from traind.storage.s3.download import Assembler
+from traind.util import fileio
+from traind.util.fileio import ALIGN, create
 
 RANGE = 16 * ALIGN
 

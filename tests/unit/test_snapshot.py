@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from tests.support.requires import missing
 
-from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.checkpoints.snapshot import (
     EmptyCheckpointError,
     SourceVanishedError,
@@ -17,6 +16,7 @@ from traind.checkpoints.snapshot import (
     take,
 )
 from traind.errors import TraindError, UnsafePathError
+from traind.layout.markers import EXPLICIT_MARKER
 
 
 def checkpoint(root: Path) -> Path:

@@ -15,7 +15,7 @@ from traind.checkpoints.space import (
     rotated_next,
     to_drop,
 )
-from traind.units import parse_floor
+from traind.util.units import parse_floor
 
 
 def pin(step: int, unique: int = 100, exists: bool = False, rotating: bool = False) -> Pinned:

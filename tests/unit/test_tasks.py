@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from traind.errors import StorageError
-from traind.storage.tasks import Slots, fan_out, task_group
+from traind.util.tasks import Slots, fan_out, task_group
 
 
 async def test_after_a_failure_no_waiting_call_starts() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from traind.units import format_size, parse_duration, parse_positive_duration, parse_size
+from traind.util.units import format_size, parse_duration, parse_positive_duration, parse_size
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,17 @@ from pathlib import Path
 import pytest
 
 from traind.checkpoints.writer import WRITER_ID_FILE, load_or_create
-from traind.errors import ClaimHeldError, ConflictError, TraindError
+from traind.errors import TraindError
 from traind.layout.manifest import Manifest, Writer
-from traind.protocol.lease import Lease, check_claim, check_committed, check_held, check_lease
+from traind.protocol.lease import (
+    ClaimHeldError,
+    ConflictError,
+    Lease,
+    check_claim,
+    check_committed,
+    check_held,
+    check_lease,
+)
 
 A = Writer("a" * 32, "host-a")
 B = Writer("b" * 32, "host-b")

@@ -20,14 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-EXPLICIT_MARKER = ".traind-complete"
-"""Written by ``traind.integrations.hf.TraindCallback`` once a save has finished."""
-
-ACK_DIR_ENV = "TRAIND_ACK_DIR"
-"""Names the directory where the daemon creates an empty file ``<tag>`` once it holds a
-snapshot of that checkpoint. ``TraindCallback`` waits for it after each save, so a trainer
-that rotates checkpoints aggressively cannot delete one before traind has it."""
-
 Signature = frozenset[tuple[str, int, int]]
 """Every file of a directory as (relative path, size, mtime_ns)."""
 

@@ -22,14 +22,14 @@ from typing import TypeVar
 
 import structlog
 
-from traind.backoff import doubling
 from traind.checkpoints.agreement import Board, Committed, Decision, covers, decide, tally
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.whole import make_whole
 from traind.errors import IntegrityError, StorageError, TraindError
-from traind.nodes import NodeRank
 from traind.protocol import CheckpointStore
-from traind.storage.fileio import fsync_dir
+from traind.util.backoff import doubling
+from traind.util.fileio import fsync_dir
+from traind.util.nodes import NodeRank
 
 log = structlog.get_logger("traind.joint")
 

@@ -35,11 +35,11 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import structlog
 
-from traind.backoff import doubling
 from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.checkpoints.reserve import Reserve
 from traind.errors import JournalError
 from traind.storage import LocalFile
+from traind.util.backoff import doubling
 
 State = Literal["staged", "ready", "committed", "pruning", "pruned", "conflict", "dropped"]
 P = ParamSpec("P")

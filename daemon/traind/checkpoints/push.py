@@ -20,9 +20,9 @@ from traind.config import Settings
 from traind.errors import ContendedError, TraindError
 from traind.layout.keys import check_tag
 from traind.layout.manifest import Manifest
-from traind.progress import Progress, shown
 from traind.protocol import CheckpointStore, open_storage
-from traind.retry import Backoff, retrying
+from traind.util.progress import Progress, shown
+from traind.util.retry import Backoff, retrying
 
 PUSH_CONTENDED = Backoff(0.5, 4.0, jitter=1.0)
 PUSH_ATTEMPTS = 4

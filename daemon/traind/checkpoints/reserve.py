@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from traind.storage import fileio
+from traind.util import fileio
 
 RESERVE_BYTES = 1024 * 1024
 """Enough for hundreds of journal transactions (a few pages each)."""

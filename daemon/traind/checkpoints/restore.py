@@ -24,9 +24,9 @@ import structlog
 from traind.checkpoints.journal import Journal
 from traind.errors import IntegrityError, NotFoundError, StorageError
 from traind.layout.manifest import Manifest, verify
-from traind.progress import Progress
 from traind.protocol import CheckpointStore
-from traind.storage.fileio import fsync_dir
+from traind.util.fileio import fsync_dir
+from traind.util.progress import Progress
 
 log = structlog.get_logger("traind.restore")
 

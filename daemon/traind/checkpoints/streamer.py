@@ -23,24 +23,17 @@ from traind.checkpoints.identity import ack_dir, staging_dir
 from traind.checkpoints.journal import Journal, JournalSession, StoredFile
 from traind.checkpoints.restore import identity
 from traind.checkpoints.watcher import StageResult, parse_step
-from traind.errors import (
-    ClaimHeldError,
-    ConflictError,
-    MissingFilesError,
-    StorageError,
-    TraindError,
-    TransientStorageError,
-)
+from traind.errors import MissingFilesError, StorageError, TraindError, TransientStorageError
 from traind.layout.manifest import FileEntry, Manifest, Writer, read_trainer_facts
 from traind.layout.parts import Incomplete, Part, PartsDisagreeError, union
-from traind.nodes import NodeRank
-from traind.progress import Progress, shown
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import Lease
-from traind.retry import Backoff
+from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
 from traind.storage import LocalFile
-from traind.storage.fileio import hash_file
-from traind.storage.tasks import task_group
+from traind.util.fileio import hash_file
+from traind.util.nodes import NodeRank
+from traind.util.progress import Progress, shown
+from traind.util.retry import Backoff
+from traind.util.tasks import task_group
 
 log = structlog.get_logger("traind.streamer")
 PARTS_BACKOFF = Backoff(0.5, 10.0)

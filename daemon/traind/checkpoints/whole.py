@@ -18,9 +18,9 @@ import structlog
 
 from traind.checkpoints.restore import fetched, restore
 from traind.layout.manifest import FileEntry, Manifest
-from traind.progress import Progress
 from traind.protocol import CheckpointStore
-from traind.storage.fileio import fsync_dir, hash_file
+from traind.util.fileio import fsync_dir, hash_file
+from traind.util.progress import Progress
 
 log = structlog.get_logger("traind.whole")
 

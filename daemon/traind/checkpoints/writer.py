@@ -15,7 +15,7 @@ from pathlib import Path
 
 from traind.errors import TraindError
 from traind.layout.manifest import Manifest, Writer
-from traind.storage.fileio import create_exclusive
+from traind.util.fileio import create_exclusive
 
 WRITER_ID_FILE = "writer-id"
 _ID = re.compile(r"[0-9a-f]{32}")

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from traind.checkpoints.completion import ACK_DIR_ENV, EXPLICIT_MARKER
+from traind.layout.markers import ACK_DIR_ENV, EXPLICIT_MARKER
 
 HEARTBEAT_ENV = "TRAIND_HEARTBEAT"
 """Environment variable naming the heartbeat file; unset means no heartbeat."""

@@ -179,7 +179,7 @@ def _fact(key: str, value: Any) -> str:
     if value is None or value == "":
         return "-"
     if key == "last_commit" and isinstance(value, dict):
-        from traind.units import format_size
+        from traind.util.units import format_size
 
         size = format_size(value["bytes"]) if isinstance(value.get("bytes"), int) else "?"
         return f"{value.get('tag', '?')} ({size}) at {value.get('timestamp', '?')}"

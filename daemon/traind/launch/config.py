@@ -26,7 +26,7 @@ from traind.errors import ConfigError
 from traind.launch.base import Constraints
 from traind.launch.packages import traind_requirements
 from traind.layout.keys import check_component
-from traind.units import Duration
+from traind.util.units import Duration
 
 
 def _local_path(value: Path, info: ValidationInfo) -> Path:

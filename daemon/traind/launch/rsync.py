@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from traind import child
 from traind.launch.base import LineSink, RemoteResult
 from traind.launch.errors import RemoteCommandError
+from traind.util import child
 
 KILL_WAIT = 5.0
 """Seconds a child that timed out or was cancelled gets to go after SIGKILL to its group."""

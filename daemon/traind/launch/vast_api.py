@@ -14,7 +14,7 @@ import structlog
 from traind.launch.base import Constraints, HostState, Offer
 from traind.launch.config import VastSection
 from traind.launch.errors import BackendAPIError
-from traind.retry import Backoff, retrying
+from traind.util.retry import Backoff, retrying
 
 log = structlog.get_logger("traind.launch")
 

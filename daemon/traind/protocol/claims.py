@@ -10,12 +10,19 @@ takers goes on, then removes the stale writer's objects (and its unfinished uplo
 
 from __future__ import annotations
 
-from traind.errors import ConflictError, StorageError, TransientStorageError
+from traind.errors import StorageError, TransientStorageError
 from traind.layout.keys import CLAIM_NAME, check_tag
 from traind.layout.manifest import Writer
 from traind.protocol import listed
 from traind.protocol.commit import read_manifest
-from traind.protocol.lease import Lease, check_committed, check_held, check_lease, is_claim_file
+from traind.protocol.lease import (
+    ConflictError,
+    Lease,
+    check_committed,
+    check_held,
+    check_lease,
+    is_claim_file,
+)
 from traind.protocol.parts import any_part_claim
 from traind.storage.base import CREATE, ObjectStore, update
 

@@ -18,8 +18,8 @@ from traind.layout.manifest import FileEntry, Manifest, listed
 from traind.protocol.lease import check_committed, is_claim_file
 from traind.protocol.listed import CLAIMANTS
 from traind.storage.base import CREATE, OVERWRITE, ObjectStore
-from traind.storage.fileio import PART_SUFFIX
-from traind.storage.tasks import fan_out
+from traind.util.fileio import PART_SUFFIX
+from traind.util.tasks import fan_out
 
 
 async def read_manifest(store: ObjectStore, tag: str) -> Manifest | None:

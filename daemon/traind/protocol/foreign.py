@@ -17,7 +17,7 @@ import re
 from traind.layout.keys import MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, TrainerFacts, trainer_facts
 from traind.storage.base import ObjectMeta, ObjectStore
-from traind.storage.tasks import fan_out
+from traind.util.tasks import fan_out
 
 TRAINER_DIR = re.compile(r"^(last-checkpoint|checkpoint-(\d+))$")
 PUSHED_BY = "HF Trainer push"

@@ -14,9 +14,43 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 
-from traind.errors import ClaimHeldError, ConflictError, IntegrityError
+from traind.errors import IntegrityError, StorageError
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Manifest, Writer
+
+
+class ConflictError(StorageError):
+    """Another writer holds this checkpoint in the store; ours is not stored there."""
+
+    def __init__(self, tag: str, ours: str, theirs: str, where: str = "") -> None:
+        self.tag = tag
+        self.ours = ours
+        self.theirs = theirs
+        self.committed: Manifest | None = None
+        """The other writer's manifest of the tag, when it is committed."""
+        at = f" in {where}" if where else ""
+        super().__init__(
+            f"{tag}{at} belongs to writer {theirs}, not to this one ({ours}): another traind "
+            "with the same run.name writes to this store; the local copy is kept"
+        )
+
+
+class ClaimHeldError(ConflictError):
+    """Another writer's claim holds this checkpoint and it is not committed: wait until it
+    commits (a conflict then) or its claim goes stale (taken over then)."""
+
+    def __init__(self, tag: str, ours: str, lease: Lease, where: str = "") -> None:
+        super().__init__(tag, ours, str(lease.writer), where)
+        self.lease = lease
+        at = f" in {where}" if where else ""
+        renewed = f"renewed {lease.age():.0f}s ago" if lease.renewed_at else "released"
+        self.args = (
+            f"{tag}{at} belongs to writer {lease.writer}, not to this one ({ours}): its "
+            f"upload is not committed (claim {renewed}); this one is stored once that "
+            "writer commits (a conflict then) or stops renewing its claim for "
+            "storage.claim_ttl (taken over then)",
+        )
+
 
 
 def check_claim(tag: str, ours: Writer, holder: Writer, where: str) -> None:

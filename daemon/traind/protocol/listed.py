@@ -17,8 +17,8 @@ import structlog
 
 from traind.errors import ContendedError
 from traind.layout.manifest import Writer
-from traind.retry import Backoff, retrying
 from traind.storage.base import CREATE, OVERWRITE, ObjectStore
+from traind.util.retry import Backoff, retrying
 
 log = structlog.get_logger("traind.protocol")
 CLAIMANTS = "traind-claims/"

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from traind.errors import ConflictError, TransientStorageError
+from traind.errors import TransientStorageError
 from traind.layout.keys import (
     AGREEMENT_DIR,
     CLAIM_NAME,
@@ -29,10 +29,10 @@ from traind.layout.manifest import Writer
 from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name, part_rank
 from traind.protocol import listed
 from traind.protocol.commit import verify_stored
-from traind.protocol.lease import check_claim
+from traind.protocol.lease import ConflictError, check_claim
 from traind.storage.base import LocalFile, ObjectStore, UploadSession
-from traind.storage.fileio import hash_file
-from traind.storage.tasks import fan_out
+from traind.util.fileio import hash_file
+from traind.util.tasks import fan_out
 
 CHUNK = 8 * 1024 * 1024
 """Bytes read at a time when a stored file is hashed to compare it with this host's."""

@@ -10,9 +10,9 @@ from typing import TextIO, cast
 import aiohttp
 
 from traind.errors import TraindError
-from traind.status.address import TCPAddress, parse_listen
 from traind.status.model import StatusSnapshot
 from traind.status.render import render
+from traind.util.address import TCPAddress, parse_listen
 
 NOT_RUNNING = 3  # the LSB exit code for "program is not running", as systemctl status uses
 CLEAR = "\x1b[H\x1b[2J"

@@ -12,7 +12,7 @@ from typing import Any
 
 from traind import config
 from traind.errors import ConfigError
-from traind.status.address import parse_listen
+from traind.util.address import parse_listen
 
 ADDRESS_FILE = "status.address"
 """In run.state_dir: the address the daemon's status server listens on, one line, written

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import (
     CollectorRegistry,
@@ -19,7 +19,6 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from traind import __version__
-from traind.supervisor.process import State
 
 # Commits take from seconds (a LoRA adapter) to most of an hour (a 70B model over a WAN).
 COMMIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
@@ -33,12 +32,15 @@ class Metrics:
     Methods are thread-safe (``uploaded`` may be called from upload worker threads).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time,
+                 child_states: Sequence[str] = ()) -> None:
         # The ``*_created`` series (a counter's creation time) double the page and nobody
         # graphs them; the switch is prometheus_client's own, for the whole process.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         self._clock = clock
+        self._child_states = tuple(child_states)
+        """Every state a child can be in, each exported (1 for the current one, else 0)."""
         self._last_commit: float | None = None
         r = self.registry
         self.uploaded_bytes = Counter(
@@ -199,11 +201,11 @@ class Metrics:
         """A store operation of ``backend`` (s3, ssh) is being retried."""
         self.storage_retries.labels(backend=backend).inc()
 
-    def child_in(self, child: str, state: str) -> None:
-        """The supervised ``child`` is now in ``state`` (one of ``process.State``)."""
-        self.child_up.labels(child=child).set(1 if state == State.RUNNING else 0)
-        for s in State:
-            self.child_state.labels(child=child, state=s.value).set(1 if s == state else 0)
+    def child_in(self, child: str, state: str, *, up: bool) -> None:
+        """The supervised ``child`` is now in ``state`` (``up``: it runs)."""
+        self.child_up.labels(child=child).set(1 if up else 0)
+        for s in self._child_states or (state,):
+            self.child_state.labels(child=child, state=s).set(1 if s == state else 0)
 
     def add_child(self, child: str) -> None:
         """Export ``child``'s restart counter at 0 before its first restart."""

@@ -12,8 +12,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
-from traind.progress import Progress
 from traind.status.timeline import HistoryInfo, TimelineEntry
+from traind.util.progress import Progress
 
 DaemonState = Literal["starting", "waiting_for_store", "running", "stopping"]
 

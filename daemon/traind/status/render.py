@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from traind.progress import Progress
 from traind.status.model import StatusSnapshot, UploadInfo
-from traind.units import format_size
+from traind.util.progress import Progress
+from traind.util.units import format_size
 
 
 class _Reported(Progress):

@@ -21,10 +21,10 @@ import structlog
 from aiohttp import web
 
 from traind.errors import TraindError
-from traind.status.address import TCPAddress, UnixAddress, parse_listen
 from traind.status.metrics import CONTENT_TYPE, Metrics
 from traind.status.model import StatusSnapshot
 from traind.status.view import main_html, page_html
+from traind.util.address import TCPAddress, UnixAddress, parse_listen
 
 log = structlog.get_logger("traind.status")
 

@@ -15,7 +15,7 @@ from html import escape
 from traind.status.model import StatusSnapshot
 from traind.status.render import duration
 from traind.status.timeline import HistoryInfo
-from traind.units import format_size
+from traind.util.units import format_size
 
 REFRESH = 5  # seconds between reloads of the page when JavaScript is off
 ROWS = 12  # newest checkpoints listed in the timeline and in the store; older ones counted

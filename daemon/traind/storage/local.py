@@ -29,15 +29,15 @@ from traind.storage.base import (
     PutMode,
     UploadSession,
 )
-from traind.storage.fileio import (
+from traind.storage.memory import version_of
+from traind.util.fileio import (
     copy_hashed,
     create_exclusive,
     in_thread,
     unique_temporary_name,
     write_atomic,
 )
-from traind.storage.memory import version_of
-from traind.storage.tasks import fan_out
+from traind.util.tasks import fan_out
 
 CAPABILITIES = Capabilities(create=True, update=False,
                             claim="exclusive create (hard link): a tag is one writer's")

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from traind.backoff import doubling
 from traind.config import RestartConfig
+from traind.util.backoff import doubling
 
 JITTER = 0.2
 """Backoff delays are spread uniformly over ±20% so restarted children do not move in step."""

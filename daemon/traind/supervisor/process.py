@@ -18,13 +18,13 @@ from pathlib import Path
 
 import structlog
 
-from traind.child import spawn_with, uninterrupted
 from traind.config import ChildConfig
 from traind.errors import SupervisorError
 from traind.supervisor.env import CHILD_TAG, OWNER_TAG, child_env, new_tag
 from traind.supervisor.output import ChildLog, Pipes
 from traind.supervisor.policy import Role
 from traind.supervisor.procfs import ProcessTree
+from traind.util.child import spawn_with, uninterrupted
 
 log = structlog.get_logger("traind.supervisor")
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import structlog
 
-from traind.child import uninterrupted
 from traind.config import ServiceConfig, TrainerConfig, VLLMConfig
 from traind.supervisor.env import owner_of
 from traind.supervisor.policy import Role
@@ -20,6 +19,7 @@ from traind.supervisor.process import State
 from traind.supervisor.runner import ChildRunner, ChildStatus, Jitter
 from traind.supervisor.trainer import ResumeFrom, TrainerRunner
 from traind.supervisor.vllm import VLLMRunner
+from traind.util.child import uninterrupted
 
 log = structlog.get_logger("traind.supervisor")
 

@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from traind.checkpoints.completion import ACK_DIR_ENV
 from traind.config import TrainerConfig
 from traind.errors import SupervisorError
+from traind.layout.markers import ACK_DIR_ENV
 from traind.supervisor.policy import Role
 from traind.supervisor.runner import ChildRunner, Launch, forever
 from traind.supervisor.vllm import VLLMRunner

@@ -17,11 +17,10 @@ from tests.support.writers import (
 )
 
 from traind.config import LocalStorage
-from traind.errors import ClaimHeldError, ConflictError
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Manifest
 from traind.protocol import CheckpointStore, open_storage
-from traind.protocol.lease import Lease
+from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
 from traind.protocol.testing import MemoryBackend
 
 TAG = "checkpoint-1"

@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 from tests.support.checkpoints import write_checkpoint
 from tests.support.waits import until
 
-from traind.app import Daemon
+from traind.app.daemon import Daemon
 from traind.config import validate
 from traind.errors import TransientStorageError
 from traind.protocol.testing import MemoryBackend

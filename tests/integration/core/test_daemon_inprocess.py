@@ -10,11 +10,11 @@ import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import write_checkpoint
 
-from traind.app import Daemon
-from traind.checkpoints.completion import EXPLICIT_MARKER
+from traind.app.daemon import Daemon
 from traind.config import validate
 from traind.errors import TraindError, TransientStorageError
 from traind.layout.manifest import Manifest
+from traind.layout.markers import EXPLICIT_MARKER
 from traind.protocol.testing import MemoryBackend
 
 

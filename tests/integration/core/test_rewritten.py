@@ -15,7 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, write_checkpoint
 
-from traind.app import Daemon
+from traind.app.daemon import Daemon
 from traind.checkpoints import snapshot
 from traind.checkpoints.journal import Journal, State
 from traind.checkpoints.recovery import resume_point

@@ -13,12 +13,12 @@ import pytest
 from tests.integration.multinode.test_part_claims_local import store
 from tests.integration.multinode.test_parts_local import dcp_job, event, host_configs, start
 
-from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
 from traind.checkpoints.watcher import StageResult
-from traind.nodes import NodeRank
+from traind.layout.markers import EXPLICIT_MARKER
+from traind.util.nodes import NodeRank
 
 TAG = "checkpoint-1"
 QUICK = {"TRAIND_RUN__PART_TIMEOUT": "15s", "TRAIND_RETENTION__INTERVAL": "500ms"}

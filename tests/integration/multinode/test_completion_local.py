@@ -21,8 +21,8 @@ from tests.support.daemon import DaemonProcess
 from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
 
-from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.layout.keys import MANIFEST_NAME
+from traind.layout.markers import EXPLICIT_MARKER
 from traind.layout.parts import Part, part_name
 
 DEFAULT_MARKERS = {"TRAIND_CHECKPOINTS__MARKERS": json.dumps(["trainer_state.json", ".metadata"])}

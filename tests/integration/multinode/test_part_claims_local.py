@@ -16,12 +16,12 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
-from traind.errors import ConflictError
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError
-from traind.nodes import NodeRank
 from traind.protocol import CheckpointStore, open_storage
+from traind.protocol.lease import ConflictError
 from traind.storage import LocalFile, open_objects
+from traind.util.nodes import NodeRank
 
 W0, W1, OTHER = Writer("0" * 32, "node0"), Writer("1" * 32, "node1"), Writer("f" * 32, "x")
 TAG = "checkpoint-4"

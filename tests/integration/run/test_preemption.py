@@ -20,8 +20,8 @@ from tests.support.requires import need_binary, need_module
 from tests.support.seaweed import running_seaweed
 from tests.support.tiny_train import QUIET_ENV, train_command
 
-from traind.checkpoints.completion import EXPLICIT_MARKER
 from traind.cli import EXIT_UNSTORED
+from traind.layout.markers import EXPLICIT_MARKER
 
 MIB = 1024 * 1024
 

@@ -22,8 +22,8 @@ from tests.support.writers import (
 )
 
 from traind.config import S3Storage
-from traind.errors import ClaimHeldError, ConflictError
 from traind.protocol import CheckpointStore
+from traind.protocol.lease import ClaimHeldError, ConflictError
 
 TAG = "checkpoint-1"
 PREFIX = f"ckpts/run1/{TAG}/"

@@ -17,8 +17,8 @@ from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import PartsPendingError, Streamer
 from traind.config import S3Storage
-from traind.nodes import NodeRank
 from traind.protocol import CheckpointStore
+from traind.util.nodes import NodeRank
 
 TAG = "checkpoint-4"
 NODES = 3

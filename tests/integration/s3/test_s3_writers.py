@@ -15,9 +15,10 @@ from tests.support.seaweed import SeaweedS3
 from tests.support.writers import check_one_writer_each, close, race
 
 from traind.config import S3Storage
-from traind.errors import ConflictError, TransientStorageError
+from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest, Writer
 from traind.protocol import CheckpointStore
+from traind.protocol.lease import ConflictError
 from traind.storage.s3 import conditional
 
 

@@ -22,12 +22,13 @@ from tests.support.requires import need_binary
 from traind import __version__
 from traind.errors import TraindError
 from traind.status import model
-from traind.status.address import TCPAddress, UnixAddress, parse_listen
 from traind.status.client import NOT_RUNNING, status_command
 from traind.status.metrics import Metrics
 from traind.status.render import duration, one_line, render
 from traind.status.server import StatusServer
 from traind.status.timeline import HistoryInfo, TimelineEntry
+from traind.supervisor.process import State
+from traind.util.address import TCPAddress, UnixAddress, parse_listen
 
 GiB = 1024**3
 NOW = 1_700_000_000.0
@@ -90,15 +91,15 @@ def recorded() -> Metrics:
     """Metrics after two commits, some bytes, one restart, a queue of 3, a RUNNING trainer
     and a vLLM in BACKOFF."""
     clock = [NOW]
-    metrics = Metrics(clock=lambda: clock[0])
+    metrics = Metrics(clock=lambda: clock[0], child_states=list(State))
     metrics.uploaded(1000)
     metrics.uploaded(500)
     metrics.committed(200, 1500, 4.0)
     metrics.committed(300, 2500, 40.0)
     metrics.restarted("trainer")
     metrics.add_child("vllm")
-    metrics.child_in("trainer", "RUNNING")
-    metrics.child_in("vllm", "BACKOFF")
+    metrics.child_in("trainer", "RUNNING", up=True)
+    metrics.child_in("vllm", "BACKOFF", up=False)
     metrics.set_queue_depth(lambda: 3)
     clock[0] = NOW + 90
     return metrics
@@ -170,7 +171,7 @@ async def test_metrics_name_the_build_and_each_child_state(server: StatusServer)
     assert got[("traind_child_up", (("child", "trainer"),))] == 1
     assert got[("traind_child_up", (("child", "vllm"),))] == 0
     states = {labels: v for (name, labels), v in got.items() if name == "traind_child_state"}
-    assert len(states) == 2 * 6
+    assert len(states) == 2 * len(State)
     assert {dict(k)["child"]: dict(k)["state"] for k, v in states.items() if v == 1} == {
         "trainer": "RUNNING", "vllm": "BACKOFF",
     }

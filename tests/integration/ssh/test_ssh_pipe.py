@@ -14,9 +14,9 @@ from tests.support.requires import missing
 from tests.support.sshd import SFTP_SERVERS
 
 from traind.errors import StorageError, TransientStorageError
-from traind.storage import fileio
 from traind.storage.ssh.openssh.pipe import DEFAULT_REQUEST, SFTPPipe
 from traind.storage.ssh.openssh.wire import ProtocolError
+from traind.util import fileio
 
 MiB = 1024 * 1024
 

@@ -1,4 +1,4 @@
-"""A child process's lifecycle (``traind.child``): its own session, its whole group stopped,
+"""A child process's lifecycle (``traind.util.child``): its own session, its whole group stopped,
 and a stop that a cancellation cannot cut short."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from traind import child
 from traind.launch.rsync import run_local
+from traind.util import child
 
 # A shell that starts a grandchild in its group, says its pid, and waits on it.
 FAMILY = 'sleep 300 & echo "$!"; wait'

@@ -42,10 +42,10 @@ from traind.storage.base import (
     UploadSession,
     counted,
 )
-from traind.storage.fileio import hash_file
 from traind.storage.hf.errors import MISSING, reset_in, translate
 from traind.storage.memory import version_of
-from traind.storage.tasks import fan_out
+from traind.util.fileio import hash_file
+from traind.util.tasks import fan_out
 
 log = structlog.get_logger("traind.hf")
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 
-from traind.storage.fileio import SharedFd
+from traind.util.fileio import SharedFd
 
 try:
     # ISA-L's CRC32 (the [s3] extra): 0.06 CPU s/GB against zlib's 0.25 (AVX-512 box).

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from traind.errors import IntegrityError
-from traind.storage.fileio import SharedFd, create, local_errors, trim, write_at
 from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest
 from traind.storage.s3.client import Ops
 from traind.storage.s3.errors import retrying
-from traind.storage.tasks import task_group
+from traind.util.fileio import SharedFd, create, local_errors, trim, write_at
+from traind.util.tasks import task_group
 
 RANGE_SIZE = 12 * 1024 * 1024
 """Bytes per ranged GET, and per buffer (a multiple of ``ALIGN``): large enough that the

@@ -19,8 +19,8 @@ import structlog
 from botocore import exceptions as bce
 
 from traind.errors import StorageError, TransientStorageError
-from traind.retry import Backoff
-from traind.retry import retrying as retry
+from traind.util.retry import Backoff
+from traind.util.retry import retrying as retry
 
 log = structlog.get_logger("traind.s3")
 T = TypeVar("T")

@@ -44,7 +44,7 @@ from traind.storage.s3.conditional import (
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
 from traind.storage.s3.errors import RetryPolicy
 from traind.storage.s3.upload import Uploader, upload_id_of
-from traind.storage.tasks import Slots, task_group
+from traind.util.tasks import Slots, task_group
 
 log = structlog.get_logger("traind.s3")
 DELETE_BATCH = 1000

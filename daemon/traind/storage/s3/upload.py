@@ -23,10 +23,10 @@ import structlog
 
 from traind.errors import StorageError
 from traind.storage.base import UploadSession
-from traind.storage.fileio import SharedFd, hash_file, local_errors
 from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest, read_part
 from traind.storage.s3.client import Ops
-from traind.storage.tasks import task_group
+from traind.util.fileio import SharedFd, hash_file, local_errors
+from traind.util.tasks import task_group
 
 log = structlog.get_logger("traind.s3")
 MAX_PARTS = 10_000

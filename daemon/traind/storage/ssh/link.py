@@ -24,9 +24,9 @@ import structlog
 
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError
-from traind.retry import Backoff
-from traind.retry import retrying as retry
 from traind.storage.ssh.errors import Target, auth_error, host_key_error, translate
+from traind.util.retry import Backoff
+from traind.util.retry import retrying as retry
 
 T = TypeVar("T")
 log = structlog.get_logger("traind.ssh")

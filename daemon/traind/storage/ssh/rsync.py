@@ -24,15 +24,15 @@ from pathlib import Path
 
 import asyncssh
 
-from traind import child
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError, UnsafePathError
 from traind.storage.base import LocalFile, UploadSession, counted
-from traind.storage.fileio import hash_file, in_thread
 from traind.storage.ssh.command import ssh_argv, ssh_failure
 from traind.storage.ssh.link import SSHLink, retrying
 from traind.storage.ssh.sftp import makedirs
-from traind.storage.tasks import fan_out
+from traind.util import child
+from traind.util.fileio import hash_file, in_thread
+from traind.util.tasks import fan_out
 
 MIN_VERSION = (3, 2, 4)
 """The first rsync with ``--fsync`` (and ``--secluded-args``); needed at both ends."""

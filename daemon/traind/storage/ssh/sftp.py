@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import asyncssh
 
 from traind.storage.base import Advance, counted
-from traind.storage.fileio import (
+from traind.util.fileio import (
     StagedWriter,
     create,
     in_thread,

@@ -36,7 +36,6 @@ from traind.storage.base import (
     PutMode,
     UploadSession,
 )
-from traind.storage.fileio import temporary_name
 from traind.storage.memory import version_of
 from traind.storage.ssh import rsync as ssh_rsync
 from traind.storage.ssh import tree
@@ -53,7 +52,8 @@ from traind.storage.ssh.sftp import (
     remove,
     write_bytes,
 )
-from traind.storage.tasks import fan_out
+from traind.util.fileio import temporary_name
+from traind.util.tasks import fan_out
 
 T = TypeVar("T")
 log = structlog.get_logger("traind.ssh")

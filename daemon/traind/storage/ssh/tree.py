@@ -16,7 +16,7 @@ import asyncssh
 
 from traind.storage.base import ObjectMeta
 from traind.storage.ssh.sftp import remove
-from traind.storage.tasks import fan_out
+from traind.util.tasks import fan_out
 
 IN_FLIGHT = 32
 """Directory reads or removals in flight on one SFTP client: enough to hide the round trip."""

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from traind.errors import StorageError, TransientStorageError
 from traind.storage.base import Advance
-from traind.storage.fileio import (
+from traind.storage.ssh.errors import sftp_error
+from traind.storage.ssh.openssh import wire
+from traind.util.fileio import (
     StagedWriter,
     create,
     hash_file,
     local_errors,
 )
-from traind.storage.ssh.errors import sftp_error
-from traind.storage.ssh.openssh import wire
 
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash

@@ -11,7 +11,7 @@ from typing import TextIO
 
 import structlog
 
-from traind.units import format_size
+from traind.util.units import format_size
 
 log = structlog.get_logger("traind.progress")
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import structlog
 
 from traind import config
+from traind.app.observe import Observer
+from traind.app.reload import plan_reload
 from traind.checkpoints import completion, pruner, recovery, writer
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.joint import JointResume
@@ -24,21 +26,19 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.space import Pinned, SpaceGuard, free_bytes, open_journal
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult, Watcher
-from traind.child import uninterrupted
 from traind.config import HFStorage, Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.layout.manifest import Manifest
-from traind.observe import Observer
 from traind.protocol import CheckpointStore, open_storage
-from traind.reload import plan_reload
-from traind.retry import Backoff, retrying
 from traind.status import locate
 from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
 from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
-from traind.units import parse_floor
+from traind.util.child import uninterrupted
+from traind.util.retry import Backoff, retrying
+from traind.util.units import parse_floor
 
 RELEASE_TIMEOUT = 5.0
 """Seconds a stopping daemon spends marking its claims on unstored checkpoints stale."""

@@ -22,9 +22,10 @@ from traind.status import model
 from traind.status.metrics import Metrics
 from traind.status.render import one_line
 from traind.status.timeline import Timeline
+from traind.supervisor.process import State
 from traind.supervisor.runner import ChildStatus
 from traind.supervisor.supervisor import Supervisor
-from traind.systemd import Notifier
+from traind.util.systemd import Notifier
 
 
 class Observer:
@@ -42,7 +43,7 @@ class Observer:
         self.run = run
         self.state: model.DaemonState = "starting"
         self.started = time.time()
-        self.metrics = Metrics()
+        self.metrics = Metrics(child_states=[s.value for s in State])
         self.notifier = notifier or Notifier()
         self.recent = recent or model.RecentErrors()
         self.supervisor: Supervisor | None = None
@@ -153,7 +154,7 @@ class Observer:
         if child.restarts > self._restarts.get(child.name, 0):
             self.metrics.restarted(child.name)
         self._restarts[child.name] = child.restarts
-        self.metrics.child_in(child.name, child.state)
+        self.metrics.child_in(child.name, child.state, up=child.state == State.RUNNING)
         self.announce()
 
     def _sent(self, nbytes: int) -> None:

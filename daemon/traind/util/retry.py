@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from traind.backoff import doubling
 from traind.errors import StorageError
+from traind.util.backoff import doubling
 
 T = TypeVar("T")
 OnRetry = Callable[[BaseException, int, float], None]

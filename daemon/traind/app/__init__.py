@@ -1,0 +1,1 @@
+"""The daemon: start-up, the main loop and shutdown, and the loops beside it."""
