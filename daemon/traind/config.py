@@ -223,14 +223,15 @@ class HFStorage(Section):
     # None: HF_TOKEN, else the library's token file (``hf auth login``). Never logged, and
     # HF_TOKEN is dropped from every child's environment.
     token: SecretStr | None = None
+    # Create the repo, and the branch ``revision`` (from the default branch), when missing.
     create_repo: bool = False
     private: bool = True
     # The Hub allows about 128 commits an hour per repo: while a newer checkpoint waits, an
     # older one that retention would not pin (keep_every_steps) is skipped, not committed.
     coalesce: bool = True
     concurrency: int = Field(default=4, ge=1, le=64)
-    # A claim not renewed for this long, its checkpoint uncommitted, is stale: its writer
-    # died mid-upload, and another writer of the run takes the tag over (renewed every ttl/4).
+    # Not used: on the Hub a checkpoint's one commit is its claim, so no lease is kept (a
+    # writer that died mid-upload made no commit); kept so one config serves every store.
     claim_ttl: PositiveDuration = Field(default=600.0, ge=1.0)
 
     @field_validator("repo_id")

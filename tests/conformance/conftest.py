@@ -1,5 +1,6 @@
 """The stores every conformance test runs against, each with a real server where it has one:
-memory (also as a store without atomic conditional puts), a local directory, SeaweedFS over
+memory (also as a store without atomic conditional puts, and as one that stages what it is
+sent as the Hub does), a local directory, SeaweedFS over
 S3 (with conditional writes, and behind a proxy that drops them, so the listing fallback
 decides), OpenSSH's sshd in each transfer mode, and the Hugging Face Hub stand-in
 (``tests/support/fake_hub.py``) with the real ``huggingface_hub`` as its client. A new store
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,21 @@ from tests.support.sshd import HOST, SSHServer
 
 from traind.config import HFStorage, LocalStorage, S3Storage, SSHStorage
 from traind.protocol import CheckpointStore
-from traind.storage import ObjectStore, open_objects
+from traind.storage import LocalFile, ObjectStore, UploadSession, open_objects
+from traind.storage.base import StagingStore
 from traind.storage.memory import MemoryStore
 
-KINDS = ["memory", "memory-listed", "local", "s3", "s3-listed", "ssh", "ssh-openssh", "ssh-rsync",
-         "hf"]
+KINDS = ["memory", "memory-listed", "memory-staged", "local", "s3", "s3-listed", "ssh",
+         "ssh-openssh", "ssh-rsync", "hf"]
+STAGED = {"memory-staged", "hf"}
+"""Stores whose send stages files until one change publishes them with the manifest: they
+hold no claim objects (the commit decides whose a tag is): the lease tests run on the others
+(``@claiming``), and the same guarantees have tests of their own on these (``@staging``)."""
+CLAIMING = [k for k in KINDS if k not in STAGED]
+claiming = pytest.mark.parametrize("stores", CLAIMING, indirect=True)
+"""A test of claim objects (leases, take-over): on every store that keeps them."""
+staging = pytest.mark.parametrize("stores", sorted(STAGED), indirect=True)
+"""A test of what a store that stages its files guarantees instead."""
 RUN = "run"
 
 
@@ -41,6 +52,11 @@ class Stores:
     build: Callable[[], ObjectStore]
     made: list[ObjectStore] = field(default_factory=list)
 
+    @property
+    def staged(self) -> bool:
+        """Whether sent files are visible only once published with a manifest."""
+        return self.kind in STAGED
+
     def make(self) -> ObjectStore:
         """Another handle on the same store (another host's)."""
         store = self.build()
@@ -50,6 +66,14 @@ class Stores:
     def checkpoints(self) -> CheckpointStore:
         """The checkpoint protocol over another handle (another host's daemon)."""
         return CheckpointStore(self.make())
+
+    async def sent(self, store: ObjectStore, prefix: str, root: Path,
+                   files: Sequence[LocalFile], session: UploadSession) -> None:
+        """``send``, then on a store that stages it, ``publish`` the files alone."""
+        await store.send(prefix, root, files, session)
+        if self.staged:
+            assert isinstance(store, StagingStore)
+            assert await store.publish(prefix, files, "test: the files alone")
 
     async def names(self, tag: str) -> list[str]:
         """Every object's name under ``<tag>/`` (claims included), sorted."""
@@ -114,10 +138,18 @@ def ssh_config(sshd: SSHServer, remote: Path, transfer: str) -> SSHStorage:
 async def stores(request: pytest.FixtureRequest, tmp_path: Path,
                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stores]:
     """A fresh store of the parameter's kind; every handle made on it is closed after."""
-    kind = str(request.param)
+    async with _opened(str(request.param), request, tmp_path, monkeypatch) as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def _opened(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stores]:
     stack = contextlib.AsyncExitStack()
     build: Callable[[], ObjectStore]
-    if kind.startswith("memory"):
+    if kind == "memory-staged":  # as the Hub: each host's handle stages what it sends
+        build = MemoryStore(staged=True).handle
+    elif kind.startswith("memory"):
         shared = MemoryStore(conditional=kind == "memory")
         build = lambda: shared  # noqa: E731 - every host sees the one dict
     elif kind == "local":

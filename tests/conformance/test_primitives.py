@@ -131,7 +131,7 @@ async def test_odd_names_sent_and_fetched_whole(stores: Stores, tmp_path: Path) 
     local = _write(tmp_path / "src", files)
     session = RecordingSession()
     async with asyncio.timeout(60):
-        await store.send("checkpoint-1/", tmp_path / "src", local, session)
+        await stores.sent(store, "checkpoint-1/", tmp_path / "src", local, session)
         listed = {m.key: m.size for m in await store.list("checkpoint-1/")}
         back = await store.fetch("checkpoint-1/", local, tmp_path / "back", lambda n: None)
     want = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}

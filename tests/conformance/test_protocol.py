@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conformance.conftest import Stores
+from tests.conformance.conftest import Stores, claiming, staging
 from tests.conformance.test_primitives import ODD_NAMES, _write
 from tests.support.sessions import RecordingSession
 
@@ -37,6 +37,7 @@ async def _upload(store: CheckpointStore, root: Path, files: dict[str, bytes],
     return Manifest("run", tag, int(tag.rsplit("-", 1)[1]), entries, writer=writer)
 
 
+@claiming
 async def test_racing_claims_one_wins_every_round(stores: Stores) -> None:
     """Four writers claim one tag at the same instant, five rounds: exactly one gets it each
     time and the others are told who holds it — on stores without atomic creates too, where
@@ -54,6 +55,55 @@ async def test_racing_claims_one_wins_every_round(stores: Stores) -> None:
                    for r in results if r is not None), results
 
 
+async def test_racing_writers_one_commits_every_round(stores: Stores, tmp_path: Path) -> None:
+    """Four writers claim, send and commit one tag at the same instant, three rounds: one
+    checkpoint is committed, its writer's, and every other writer is told who has it (at
+    the claim where a claim object holds the tag, at the commit where the commit decides)."""
+    handles = [stores.checkpoints() for _ in WRITERS]
+
+    async def write(store: CheckpointStore, writer: Writer, tag: str) -> None:
+        root = tmp_path / tag / writer.id
+        await store.commit(await _upload(store, root, {"w.bin": writer.id.encode()}, writer,
+                                         tag))
+
+    for round_ in range(3):
+        tag = f"checkpoint-{round_ + 1}"
+        async with asyncio.timeout(90):
+            results = await asyncio.gather(
+                *(write(h, w, tag) for h, w in zip(handles, WRITERS, strict=True)),
+                return_exceptions=True)
+        committed = await handles[0].committed(tag)
+        assert committed is not None
+        assert [w for w, r in zip(WRITERS, results, strict=True) if r is None] == [
+            committed.writer], results
+        assert all(isinstance(r, ConflictError) and r.theirs == str(committed.writer)
+                   for r in results if r is not None), results
+
+
+@staging
+async def test_staged_files_are_the_senders_until_committed(stores: Stores,
+                                                            tmp_path: Path) -> None:
+    """What a writer sent and did not commit is nobody's: a restarted writer (a new handle)
+    is told its files are missing and sends them again, another writer commits the tag at
+    once, with no claim to wait out, and the committed tag holds its files and manifest
+    alone."""
+    a = stores.checkpoints()
+    async with asyncio.timeout(60):
+        manifest = await _upload(a, tmp_path / "a", {"x.bin": b"x" * 64, "y.bin": b"y"}, A)
+        assert await stores.names(TAG) == []
+        restarted = stores.checkpoints()
+        with pytest.raises(MissingFilesError) as missing:
+            await restarted.commit(manifest)
+        assert sorted(missing.value.paths) == ["x.bin", "y.bin"]
+        b = stores.checkpoints()
+        await b.commit(await _upload(b, tmp_path / "b", {"z.bin": b"z"}, B))
+        with pytest.raises(ConflictError) as lost:
+            await a.commit(manifest)
+        assert lost.value.theirs == str(B)
+        assert await stores.names(TAG) == [MANIFEST_NAME, "z.bin"]
+
+
+@claiming
 async def test_a_dead_writers_claim_is_taken_over(stores: Stores, tmp_path: Path) -> None:
     """A's upload stops half-way (killed, its lease no longer renewed); once stale, B takes
     the claim over: A's objects are removed, B commits, and A's next renewal learns it lost
@@ -77,6 +127,7 @@ async def test_a_dead_writers_claim_is_taken_over(stores: Stores, tmp_path: Path
         assert [m.writer for m in await a.manifests()] == [B]
 
 
+@claiming
 async def test_a_released_claim_is_stale_at_once(stores: Stores) -> None:
     """A writer stopping with its tag unstored releases the claim: the next writer finds it
     stale without waiting; releasing another writer's claim does nothing."""
@@ -94,6 +145,7 @@ async def test_a_released_claim_is_stale_at_once(stores: Stores) -> None:
         assert released.value.lease.renewed_at == 0.0
 
 
+@claiming
 async def test_a_file_removed_before_commit_stops_it(stores: Stores, tmp_path: Path) -> None:
     """A file removed from the store between its upload and the commit (whatever the
     transfer reported) stops the commit with an error naming it, and no manifest is
@@ -156,9 +208,10 @@ async def test_delete_leaves_nothing_and_frees_the_tag(stores: Stores, tmp_path:
         assert await stores.names(TAG) == []
         assert await store.manifests() == []
         await stores.checkpoints().claim(TAG, B)
-        assert CLAIM_NAME in await stores.names(TAG)
+        assert (CLAIM_NAME in await stores.names(TAG)) != stores.staged  # staged: no claims
 
 
+@claiming
 async def test_a_taken_over_claim_is_renewed_by_no_one_else(stores: Stores) -> None:
     """Renewals keep the claim the holder's: another writer renewing it is refused, and a
     lease read back is the holder's with a later renewal time."""
@@ -182,6 +235,7 @@ async def _claim(stores: Stores) -> Blob:
     return found
 
 
+@claiming
 async def test_a_killed_writers_temporary_file_goes_with_the_commit(
     stores: Stores, tmp_path: Path,
 ) -> None:

@@ -10,6 +10,7 @@ paged by ``Link: rel="next"``, ``get_paths_info`` → ``POST .../paths-info/{rev
 (``post_lfs_batch_info`` → ``POST /{id}.git/info/lfs/objects/batch``, the basic transfer's
 ``PUT`` and ``verify``), ``file_download.py`` (``GET``/``HEAD /{id}/resolve/{rev}/{path}``
 with ``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``, ``X-Linked-Size``) and
+``create_branch`` (``POST /api/{type}s/{id}/branch/{branch}`` with ``startingPoint``),
 ``hf_api.py``'s ``_validate_yaml`` (``POST /api/validate-yaml``, for the README HF Trainer
 pushes) and ``utils/_http.py`` (``hf_raise_for_status``: ``X-Error-Code`` ``RepoNotFound``,
 ``RevisionNotFound``, ``EntryNotFound``; ``X-Error-Message`` for a bad token; 429 with
@@ -104,6 +105,8 @@ class FakeHub:
         self.api_budget = api_budget
         self.api_window = api_window
         self.api_times: list[float] = []
+        self.lfs_uploads = 0
+        """LFS objects uploaded (the basic transfer's PUTs): bytes that went up."""
         self.refused: list[str] = []
         """Why requests were refused (412, 429, …), in order: what a test asserts on."""
         self.endpoint = ""
@@ -151,6 +154,7 @@ def _error(status: int, message: str, code: str | None = None,
 REPO_ROUTE = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+)/"
                         r"(revision|tree|paths-info|preupload|commit)/([^/]+)(?:/(.*))?$")
 LFS_ROUTE = re.compile(r"^/(datasets/)?([^/]+/[^/]+)\.git/info/lfs/objects/batch$")
+BRANCH_ROUTE = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+)/branch/([^/]+)$")
 INFO_ROUTE = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+)$")
 RESOLVE_ROUTE = re.compile(r"^/(datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
@@ -211,7 +215,8 @@ class _Handler(BaseHTTPRequestHandler):
         with hub.lock:
             if path.startswith("/api/") and "/commit/" not in path:
                 self._api_call()
-            writing = path == "/api/repos/create" or bool(LFS_ROUTE.match(path)) or (
+            writing = path == "/api/repos/create" or bool(LFS_ROUTE.match(path)) or bool(
+                BRANCH_ROUTE.match(path)) or (
                 method == "POST" and ("/preupload/" in path or "/commit/" in path))
             if writing and self.headers.get("Authorization") == f"Bearer {READ_TOKEN}":
                 raise _error(403, "You don't have write access to this repository "
@@ -223,6 +228,9 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/api/whoami-v2":
                 raise _Reply(200, {"type": "user", "name": "traind", "orgs": [],
                                    "auth": {"accessToken": {"role": "write"}}})
+            if (m := BRANCH_ROUTE.match(path)) and method == "POST":
+                self._create_branch(m.group(1)[:-1], m.group(2),
+                                    urllib.parse.unquote(m.group(3)), json.loads(body or b"{}"))
             if m := REPO_ROUTE.match(path):
                 kind, repo_id, verb, rev, rest = m.groups()
                 self._repo(method, kind[:-1], repo_id, verb, rev, rest or "", query, body)
@@ -236,6 +244,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if hashlib.sha256(body).hexdigest() != oid:
                     raise _error(400, "sha256 of the uploaded bytes does not match the oid")
                 hub.lfs[oid] = body
+                hub.lfs_uploads += 1
                 raise _Reply(200, b"")
             if path == "/lfs-verify" and method == "POST":
                 want = json.loads(body)
@@ -284,6 +293,16 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Reply(409, {"error": message, "url": url}, {"X-Error-Message": message})
         hub.create(repo_type, repo_id, bool(want.get("private")))
         raise _Reply(200, {"url": url, "name": repo_id})
+
+    def _create_branch(self, repo_type: str, repo_id: str, branch: str,
+                       want: dict[str, Any]) -> None:
+        """``create_branch``: ``POST .../branch/{branch}`` from ``startingPoint`` (the
+        default branch's head without one); 409 when the branch exists."""
+        repo = self._repo_of(repo_type, repo_id)
+        if branch in repo.branches:
+            raise _error(409, f"Reference already exists: refs/heads/{branch}")
+        repo.branches[branch] = self._commit_of(repo, want.get("startingPoint") or "main").sha
+        raise _Reply(200, {})
 
     def _repo(self, method: str, repo_type: str, repo_id: str, verb: str, rev: str,
               rest: str, query: dict[str, list[str]], body: bytes) -> None:

@@ -229,7 +229,7 @@ class Streamer:
                     self._pending.discard(tag)  # never retried: the parts cannot be one whole
                 except MissingFilesError as exc:
                     await self._journal.files_lost(tag, exc.paths)
-                    again = self._retry_later(tag, exc)  # still pending: sent again
+                    again = self._files_missing(tag, exc)  # still pending: sent again
                 except ConflictError:
                     self.held.pop(tag, None)
                     self._failures.pop(tag, None)
@@ -352,6 +352,17 @@ class Streamer:
                   hint="retried with backoff; the snapshot waits in state_dir/staging until "
                        "the store takes it")
         return delay
+
+    def _files_missing(self, tag: str, exc: MissingFilesError) -> float:
+        """Seconds until the files of ``tag`` the store lacks are sent again: at once the
+        first time (a daemon restarted mid-upload on a store that had only staged them, the
+        Hub), with backoff if they go missing again."""
+        if tag in self._failures:
+            return self._retry_later(tag, exc)
+        self._failures[tag] = 1
+        log.warning("checkpoint_files_missing", tag=tag, files=len(exc.paths),
+                    paths=exc.paths[:5], hint="sent again now; the manifest waits for them")
+        return 0.0
 
     def _wait_for_claim(self, tag: str, lease: Lease) -> float:
         """Seconds until ``tag`` is tried again: soon enough to see the other writer commit,
@@ -732,7 +743,7 @@ class Streamer:
                          present=list(decision.present), missing=list(decision.missing))
             raise PartsPendingError(mine.tag, decision)
         try:
-            await self.storage.commit(decision)
+            await self.storage.commit_union(decision)
         except ConflictError as exc:  # another host's commit of the same union came first
             if exc.committed is None or exc.committed.files != decision.files:
                 raise

@@ -6,6 +6,9 @@ create-only put where that is atomic, else by listing (``listed.py``); it is ren
 replace-if-version put, which on a store with compare-and-swap fails when a taker got in
 first. A takeover creates ``<tag>/traind-takeover-<nonce>.json`` so that one of several
 takers goes on, then removes the stale writer's objects (and its unfinished uploads).
+On a store that stages what it is sent (the Hub) there is no claim object: the change that
+publishes a checkpoint's files with its manifest is create-only, so the first writer's
+lands and the other's is refused (``commit.commit``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ async def claim(store: ObjectStore, tag: str, writer: Writer) -> None:
     ``writer`` already: nothing to do; another's uncommitted claim: ClaimHeldError; another's
     commit, or a multi-node job's tag: ConflictError."""
     base = f"{check_tag(tag)}/"
+    if (await store.capabilities()).staged:  # the commit decides; only look who has it
+        await _unclaimed(store, tag, writer)
+        return
     key = base + CLAIM_NAME
     body = Lease.new(writer).to_json()
     if not await listed.create(store, key, body, base + listed.CLAIMANTS, tag, writer):
@@ -43,17 +49,26 @@ async def claim(store: ObjectStore, tag: str, writer: Writer) -> None:
                     store.where(key))
         return
     try:  # committed by a traind from before claims: a manifest without a claim
-        check_committed(tag, writer, await read_manifest(store, tag), store.where(base))
-        if (holder := await any_part_claim(store, tag)) is not None:  # a multi-node job's
-            raise ConflictError(tag, str(writer), str(holder), store.where(base))
+        await _unclaimed(store, tag, writer)
     except StorageError:
         await store.delete([key])
         raise
 
 
+async def _unclaimed(store: ObjectStore, tag: str, writer: Writer) -> None:
+    """Raise ConflictError when another writer committed ``tag``, or a multi-node job's
+    host holds a part of it."""
+    base = f"{check_tag(tag)}/"
+    check_committed(tag, writer, await read_manifest(store, tag), store.where(base))
+    if (holder := await any_part_claim(store, tag)) is not None:
+        raise ConflictError(tag, str(writer), str(holder), store.where(base))
+
+
 async def renew(store: ObjectStore, tag: str, writer: Writer, at: float | None = None) -> None:
     """Rewrite ``writer``'s claim renewed ``at`` (now by default), replace-if-version; raise
     ConflictError when the claim is not ``writer``'s any more (taken over, or removed)."""
+    if (await store.capabilities()).staged:
+        return  # no claim to renew (see claim)
     key = f"{check_tag(tag)}/{CLAIM_NAME}"
     found = await store.get(key)
     held = check_held(tag, writer, Lease.from_json(found.data) if found else None,

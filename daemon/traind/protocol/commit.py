@@ -4,8 +4,10 @@ written last (the commit), the committed manifests listed, and a checkpoint dele
 A checkpoint exists only when ``<tag>/traind-manifest.json`` does. Before writing it the
 store is listed under the tag, and every file of the manifest must be there with its size:
 what a transfer tool reported (rsync exiting 0) is not proof; a temporary file a killed
-writer left there is removed. Deleting removes the manifest
-first, then the objects, the claims last, so no other writer takes the tag meanwhile.
+writer left there is removed. On a store that stages what it is sent (the Hub) the files
+and the manifest become visible in one change, the store checking the staged bytes first.
+Deleting removes the manifest first, then the objects, the claims last, so no other writer
+takes the tag meanwhile.
 """
 
 from __future__ import annotations
@@ -13,11 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from traind.errors import MissingFilesError
-from traind.layout.keys import AGREEMENT_DIR, CLAIM_NAME, MANIFEST_NAME, check_tag
+from traind.layout.keys import (
+    AGREEMENT_DIR,
+    CLAIM_NAME,
+    MANIFEST_NAME,
+    PART_CLAIM_PREFIX,
+    check_tag,
+)
 from traind.layout.manifest import FileEntry, Manifest, listed
-from traind.protocol.lease import check_committed, is_claim_file
+from traind.protocol.lease import ConflictError, check_committed, is_claim_file
 from traind.protocol.listed import CLAIMANTS
-from traind.storage.base import CREATE, OVERWRITE, ObjectStore
+from traind.storage.base import CREATE, OVERWRITE, LocalFile, ObjectStore, StagingStore
 from traind.util.fileio import PART_SUFFIX
 from traind.util.tasks import fan_out
 
@@ -38,23 +46,57 @@ async def verify_stored(store: ObjectStore, tag: str, files: Iterable[FileEntry]
     return set(stored)
 
 
-async def commit(store: ObjectStore, manifest: Manifest) -> None:
+def local_files(files: Iterable[FileEntry]) -> list[LocalFile]:
+    """The files of a manifest as a store names them."""
+    return [LocalFile(f.path, f.size) for f in files]
+
+
+def staging(store: ObjectStore) -> StagingStore:
+    """``store``, whose capabilities say it stages what it is sent, as the store it is."""
+    assert isinstance(store, StagingStore), f"{store.describe} stages files: it has publish"
+    return store
+
+
+async def commit(store: ObjectStore, manifest: Manifest, union: bool = False) -> None:
     """Check the files are stored, then write the manifest, never over one already there
     unless its writer is this manifest's (a retried commit): after this the checkpoint
-    exists."""
-    names = await verify_stored(store, manifest.tag, manifest.files)
-    kept = {f.path for f in manifest.files}
-    if strays := sorted(n for n in names if n.endswith(PART_SUFFIX) and n not in kept):
-        # What a killed writer was writing (no other writes here now: the tag is this
-        # writer's, or every part of it is stored).
-        await store.delete([f"{manifest.tag}/{n}" for n in strays])
+    exists. ``union``: the manifest of a multi-node job's parts, whose claims are there."""
     key = f"{check_tag(manifest.tag)}/{MANIFEST_NAME}"
     body = manifest.to_json()
-    if (await store.capabilities()).create and await store.put(key, body, CREATE):
+    caps = await store.capabilities()
+    if caps.staged:  # one change: the files with the manifest, the first writer's
+        base = f"{manifest.tag}/"
+        if not await staging(store).publish(
+                base, local_files(manifest.files), f"commit {manifest.tag} of writer "
+                f"{manifest.writer}", key=key, data=body,
+                unless=None if union else base + PART_CLAIM_PREFIX):
+            found = await read_manifest(store, manifest.tag)
+            check_committed(manifest.tag, manifest.writer, found, store.where(key))
+            if found is None:  # refused for the parts a multi-node job's hosts claimed
+                raise ConflictError(manifest.tag, str(manifest.writer), "a multi-node job",
+                                    store.where(base))
+        return
+    names = await verify_stored(store, manifest.tag, manifest.files)
+    kept = {f.path for f in manifest.files}
+    if strays := sorted(n for n in names if n not in kept and _temporary_of(n, kept)):
+        # What a killed writer was writing of these files (no other writes of them now: the
+        # tag is this writer's, or every part of it is stored); a losing writer's claim
+        # being written is not one of them.
+        await store.delete([f"{manifest.tag}/{n}" for n in strays])
+    if caps.create and await store.put(key, body, CREATE):
         return
     check_committed(manifest.tag, manifest.writer, await read_manifest(store, manifest.tag),
                     store.where(key))
     await store.put(key, body, OVERWRITE)  # none there, or our own retried: these objects
+
+
+def _temporary_of(name: str, files: set[str]) -> bool:
+    """Whether ``name`` is a temporary name one of ``files`` was written under
+    (``<file>.traind-part``, ``<file>.<token>.traind-part``)."""
+    if not name.endswith(PART_SUFFIX):
+        return False
+    target = name.removesuffix(PART_SUFFIX)
+    return target in files or target.rsplit(".", 1)[0] in files
 
 
 async def manifests(store: ObjectStore, concurrency: int) -> list[Manifest]:

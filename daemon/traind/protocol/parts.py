@@ -28,7 +28,7 @@ from traind.layout.keys import (
 from traind.layout.manifest import Writer
 from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name, part_rank
 from traind.protocol import listed
-from traind.protocol.commit import verify_stored
+from traind.protocol.commit import read_manifest, staging, verify_stored
 from traind.protocol.lease import ConflictError, check_claim
 from traind.storage.base import LocalFile, ObjectStore, UploadSession
 from traind.util.fileio import hash_file
@@ -52,11 +52,22 @@ async def claim_part(store: ObjectStore, tag: str, rank: int, writer: Writer) ->
             raise TransientStorageError(f"{tag}: the part claim {store.where(key)} vanished; "
                                         "retrying")
         check_claim(tag, writer, Writer.from_json(found.data), store.where(key))
-    if (whole := await store.get(base + CLAIM_NAME)) is not None:
+    holder = await _single_writer(store, tag) if made else None
+    if holder is None and (whole := await store.get(base + CLAIM_NAME)) is not None:
+        holder = Writer.from_json(whole.data)
+    if holder is not None:
         if made:
             await store.delete([key])
-        raise ConflictError(tag, str(writer), str(Writer.from_json(whole.data)),
-                            store.where(base + CLAIM_NAME))
+        raise ConflictError(tag, str(writer), str(holder), store.where(base))
+
+
+async def _single_writer(store: ObjectStore, tag: str) -> Writer | None:
+    """The single writer that committed ``tag`` on a store with no claim objects (it
+    stages what it is sent), else None."""
+    if not (await store.capabilities()).staged:
+        return None
+    committed = await read_manifest(store, tag)
+    return None if committed is None else committed.writer
 
 
 async def part_claim(store: ObjectStore, tag: str, rank: int) -> Writer | None:
@@ -99,6 +110,9 @@ async def upload_part(store: ObjectStore, tag: str, root: Path, files: Sequence[
         await session.file_done(f.path, sha)
     if todo:
         await store.send(base, root, todo, session)
+    if todo and (await store.capabilities()).staged and not await staging(store).publish(
+            base, todo, f"files of a part of {tag}", unless=base + MANIFEST_NAME):
+        raise ConflictError(tag, "this job", "the writer that committed it", store.where(base))
 
 
 async def _stored_sha256(store: ObjectStore, key: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from traind.layout.keys import AGREEMENT_DIR, check_component
 from traind.storage.base import ObjectMeta, ObjectStore
+from traind.util.fileio import PART_SUFFIX
 
 REQUEST = f"{AGREEMENT_DIR}/start-"
 BOARD = f"{AGREEMENT_DIR}/board.json"
@@ -38,6 +39,8 @@ async def start_requests(store: ObjectStore) -> dict[int, str]:
     newest: dict[int, ObjectMeta] = {}
     for meta in await store.list(REQUEST):
         rank, sep, nonce = meta.key[len(REQUEST):].partition("-")
+        if nonce.endswith(PART_SUFFIX):
+            continue  # a request being written (local, SSH): not stored yet
         if rank.isdigit() and sep and nonce and (
                 int(rank) not in newest or _later(meta, newest[int(rank)])):
             newest[int(rank)] = meta

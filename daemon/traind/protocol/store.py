@@ -64,6 +64,10 @@ class CheckpointStore:
         """Check every file is stored, then write the manifest: the checkpoint exists."""
         await commit.commit(self.objects, manifest)
 
+    async def commit_union(self, manifest: Manifest) -> None:
+        """Commit the union of a multi-node job's parts (``parts.union``) as its manifest."""
+        await commit.commit(self.objects, manifest, union=True)
+
     async def manifests(self) -> list[Manifest]:
         """Every committed checkpoint of this run, in no particular order."""
         return await commit.manifests(self.objects, self._concurrency)

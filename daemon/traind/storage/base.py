@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 Advance = Callable[[int], None]
 """Progress callback: called with the number of bytes just moved (thread-safe, cheap)."""
@@ -130,6 +130,10 @@ class Capabilities:
     atomic_delete: bool = False
     """Whether one ``delete`` of many keys is one atomic change (a Hub commit): then a
     checkpoint is deleted in one call, not manifest first and claims last."""
+    staged: bool = False
+    """Whether ``send`` only stages files, to become visible with the checkpoint's manifest
+    in one atomic change (``StagingStore.publish``, a Hub commit): the commit then decides
+    whose a tag is, and a checkpoint costs that one change."""
 
 
 class ObjectStore(Protocol):
@@ -205,3 +209,20 @@ class ObjectStore(Protocol):
 
     async def aclose(self) -> None:
         """Release connections."""
+
+
+@runtime_checkable
+class StagingStore(ObjectStore, Protocol):
+    """A store whose ``send`` stages files and whose one atomic change makes them visible
+    with a small object (``Capabilities.staged``): the Hub, where it is one commit."""
+
+    async def publish(self, prefix: str, files: Sequence[LocalFile], note: str, *,
+                      key: str | None = None, data: bytes = b"", mode: PutMode = CREATE,
+                      unless: str | None = None) -> bool:
+        """Make every one of ``files`` staged under ``prefix`` visible, with ``data`` at
+        ``key`` when given (as ``put`` with ``mode``), in one atomic change described by
+        ``note``; return False, changing nothing, when ``mode`` refuses it or an object
+        whose key starts with ``unless`` exists. Each of ``files`` must be staged by this
+        handle or stored already with its size, and the store is asked that the staged
+        bytes are there: MissingFilesError names those that are not."""
+        ...

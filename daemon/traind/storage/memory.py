@@ -14,9 +14,10 @@ import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from traind.errors import IntegrityError, StorageError
+from traind.errors import IntegrityError, MissingFilesError, StorageError
 from traind.layout.keys import check_relpath
 from traind.storage.base import (
+    CREATE,
     OVERWRITE,
     Advance,
     Blob,
@@ -31,6 +32,8 @@ CAPABILITIES = Capabilities(create=True, update=True,
                             claim="a dict on one event loop: a tag is one writer's")
 IGNORING = Capabilities(create=False, update=False,
                         claim="claims listed after writing (no atomic create-only put)")
+STAGING = Capabilities(create=True, update=True, atomic_delete=True, staged=True,
+                       claim="files staged, then published with the manifest in one change")
 
 
 def version_of(data: bytes) -> str:
@@ -42,12 +45,23 @@ class MemoryStore:
     """Objects in a dict keyed like a real store's (``<tag>/<path>``). With ``conditional``
     False its create-only and replace-if-version puts check, then write, with a turn of the
     event loop between (as a client must on a store ignoring ``If-None-Match``/``If-Match``),
-    so racing writers can both pass and the protocol's listing fallback decides."""
+    so racing writers can both pass and the protocol's listing fallback decides. With
+    ``staged`` it behaves as the Hub does: ``send`` stages files in this handle, ``publish``
+    makes them visible with the manifest at once."""
 
-    def __init__(self, conditional: bool = True) -> None:
+    def __init__(self, conditional: bool = True, staged: bool = False) -> None:
         self.objects: dict[str, bytes] = {}
         self.written: dict[str, float] = {}
+        self.staging: dict[str, bytes] = {}
+        """What this handle sent and has not published yet (``staged`` only)."""
         self._conditional = conditional
+        self._staged = staged
+
+    def handle(self) -> MemoryStore:
+        """Another host's handle on the same objects, with staged files of its own."""
+        other = MemoryStore(self._conditional, self._staged)
+        other.objects, other.written = self.objects, self.written
+        return other
 
     @property
     def describe(self) -> str:
@@ -57,18 +71,43 @@ class MemoryStore:
         return f"memory:{key}"
 
     async def capabilities(self) -> Capabilities:
+        if self._staged:
+            return STAGING
         return CAPABILITIES if self._conditional else IGNORING
 
     async def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> bool:
         await self._turn()
-        found = self.objects.get(key)
-        if mode.kind == "create" and found is not None:
-            return False
-        if mode.kind == "update" and (found is None or version_of(found) != mode.version):
+        if not self._allows(key, mode):
             return False
         if not self._conditional and mode.kind != "overwrite":
             await asyncio.sleep(0)  # checked, then written: another writer may come between
         self._store(key, bytes(data))
+        return True
+
+    def _allows(self, key: str, mode: PutMode) -> bool:
+        found = self.objects.get(key)
+        if mode.kind == "create":
+            return found is None
+        return mode.kind == "overwrite" or (found is not None and
+                                            version_of(found) == mode.version)
+
+    async def publish(self, prefix: str, files: Sequence[LocalFile], note: str, *,
+                      key: str | None = None, data: bytes = b"", mode: PutMode = CREATE,
+                      unless: str | None = None) -> bool:
+        await self._turn()
+        keys = [prefix + f.path for f in files]
+        found = {k: self.staging.get(k, self.objects.get(k)) for k in keys}
+        if missing := [f.path for f, k in zip(files, keys, strict=True)
+                       if (d := found[k]) is None or len(d) != f.size]:
+            raise MissingFilesError(prefix.rstrip("/"), missing, self.where(prefix))
+        if (key is not None and not self._allows(key, mode)) or (
+                unless is not None and any(k.startswith(unless) for k in self.objects)):
+            return False
+        for k in keys:  # all at once, with no turn of the loop between
+            if k in self.staging:
+                self._store(k, self.staging.pop(k))
+        if key is not None:
+            self._store(key, bytes(data))
         return True
 
     async def _turn(self) -> None:
@@ -115,7 +154,10 @@ class MemoryStore:
     ) -> None:
         for f in files:
             data = (root / f.path).read_bytes()
-            self._store(prefix + check_relpath(f.path), data)
+            if self._staged:
+                self.staging[prefix + check_relpath(f.path)] = data
+            else:
+                self._store(prefix + check_relpath(f.path), data)
             session.advance(len(data))
             await session.file_done(f.path, hashlib.sha256(data).hexdigest())
             await asyncio.sleep(0)

@@ -1,10 +1,11 @@
 """A trainer saving faster than the Hub's commit budget: the streamer commits the newest and
-every pinned checkpoint (each its claim, files and manifest; the 429s waited out) and logs
-the ones it coalesced away."""
+every pinned checkpoint (each one commit of its files and manifest; the 429s waited out)
+and logs the ones it coalesced away."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,10 +23,10 @@ from traind.protocol import open_storage
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    """A stand-in allowing four commits per two seconds."""
+    """A stand-in allowing two commits per two seconds."""
     need_module("huggingface_hub")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
-    with running_hub(FakeHub(commit_budget=4, window=2.0)) as server:
+    with running_hub(FakeHub(commit_budget=2, window=2.0)) as server:
         yield server
 
 
@@ -54,6 +55,11 @@ async def test_a_fast_trainer_loses_no_pinned_or_newest_checkpoint(
     coalesced = sorted(e["step"] for e in logs if e["event"] == "checkpoint_coalesced")
     assert committed == [20, 40, 60]
     assert coalesced == [10, 30, 50]
+    messages = [c.message for c in hub.repos[("model", "traind/fast")].commits.values()]
+    made = [re.fullmatch(r"traind r: commit checkpoint-(\d+) of writer \w+@\S+ \(host \S+\)", m)
+            for m in messages[1:]]  # after the repo's first commit
+    assert sorted(int(m.group(1)) for m in made if m) == [20, 40, 60]
+    assert len(messages) == 4  # one commit per checkpoint, naming it and its writer
     assert "429" in hub.refused
     assert any(e["event"] == "hf_rate_limited" for e in logs)
     assert all(e["newer"] == "checkpoint-60" for e in logs if e["event"] == "checkpoint_coalesced")

@@ -18,11 +18,11 @@ from tests.support.fake_hub import READ_TOKEN, FakeHub, running_hub
 from tests.support.requires import need_module
 from tests.support.sessions import RecordingSession as Session
 
-from traind.errors import IntegrityError, StorageError
+from traind.errors import IntegrityError, MissingFilesError, StorageError
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore
-from traind.storage import open_objects
-from traind.storage.base import CREATE
+from traind.storage import LocalFile, ObjectStore, open_objects
+from traind.storage.base import CREATE, StagingStore
 
 
 @pytest.fixture
@@ -38,24 +38,67 @@ def _repo() -> str:
     return f"traind/t-{uuid.uuid4().hex[:12]}"
 
 
+async def _sent(store: ObjectStore, prefix: str, root: Path, files: list[LocalFile],
+                session: Session) -> None:
+    """Send ``files`` and publish them (the Hub stages what it is sent)."""
+    await store.send(prefix, root, files, session)
+    assert isinstance(store, StagingStore)
+    assert await store.publish(prefix, files, "test: the files alone")
+
+
 async def test_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
-    """Sending a checkpoint's files makes one Hub commit (pre-upload, then one
-    create_commit) naming the tag and host; the Hub's LFS sha256 is the one traind reports."""
+    """Claiming, sending and committing a checkpoint makes one Hub commit (the pre-upload,
+    then one create_commit of its files and manifest) naming the tag, writer and host; the
+    Hub's LFS sha256 is the one traind reports."""
     repo = _repo()
-    store = open_objects(hf_config(hub, repo), "run")
+    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
     files = _write(tmp_path, {"model.safetensors": b"\1" * 3000, "trainer_state.json": b"{}",
                               "sub/opt.pt": b"\2" * 100})
+    writer = Writer("c" * 32, "host-c")
     session = Session()
     async with asyncio.timeout(30):
         await store.probe()
         before = len(hub.commits("model", repo))
-        await store.send("checkpoint-5/", tmp_path, files, session)
+        await store.claim("checkpoint-5", writer)
+        await store.upload("checkpoint-5", tmp_path, files, session)
+        assert len(hub.commits("model", repo)) == before  # staged: nothing visible yet
+        entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
+        await store.commit(Manifest("run", "checkpoint-5", 5, entries, writer=writer))
     history = hub.commits("model", repo)
     assert len(history) == before + 1
-    assert "checkpoint-5" in history[0].message
-    assert "host" in history[0].message
+    assert history[0].message.startswith(f"traind run: commit checkpoint-5 of writer {writer}")
+    assert "(host " in history[0].message
+    assert sorted(p for p in history[0].tree if "checkpoint-5" in p) == sorted(
+        f"ckpts/run/checkpoint-5/{n}" for n in (
+            "model.safetensors", "sub/opt.pt", "trainer_state.json", "traind-manifest.json"))
     entry = history[0].tree["ckpts/run/checkpoint-5/model.safetensors"]
     assert entry.lfs == session.done["model.safetensors"]
+
+
+async def test_bytes_the_hub_lost_before_the_commit_are_sent_again(
+        hub: FakeHub, tmp_path: Path) -> None:
+    """The commit asks the LFS batch API that every pre-uploaded file is on the Hub: one
+    whose bytes are gone stops it (MissingFilesError naming it, nothing committed); sent
+    again, the checkpoint commits."""
+    repo = _repo()
+    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
+    files = _write(tmp_path, {"a.safetensors": b"\3" * 4000, "b.safetensors": b"\4" * 500})
+    writer = Writer("d" * 32, "host-d")
+    session = Session()
+    async with asyncio.timeout(30):
+        await store.claim("checkpoint-3", writer)
+        await store.upload("checkpoint-3", tmp_path, files, session)
+        entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
+        manifest = Manifest("run", "checkpoint-3", 3, entries, writer=writer)
+        with hub.lock:
+            del hub.lfs[session.done["b.safetensors"]]
+        with pytest.raises(MissingFilesError) as missing:
+            await store.commit(manifest)
+        assert missing.value.paths == ["b.safetensors"]
+        assert await store.committed("checkpoint-3") is None
+        await store.upload("checkpoint-3", tmp_path, files[1:], Session())
+        await store.commit(manifest)
+        assert await store.committed("checkpoint-3") == manifest
 
 
 async def test_pruning_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
@@ -149,7 +192,7 @@ async def test_a_file_whose_hub_sha256_disagrees_is_not_restored(
     store = open_objects(hf_config(hub, repo), "run")
     files = _write(tmp_path / "src", {"w.safetensors": b"\3" * 1000})
     async with asyncio.timeout(30):
-        await store.send("checkpoint-4/", tmp_path / "src", files, Session())
+        await _sent(store, "checkpoint-4/", tmp_path / "src", files, Session())
         hub.head("model", repo).tree["ckpts/run/checkpoint-4/w.safetensors"].lfs = "0" * 64
         with pytest.raises(IntegrityError, match="recorded"):
             await store.fetch("checkpoint-4/", files, tmp_path / "back", lambda n: None)
@@ -163,10 +206,40 @@ async def test_a_dataset_repo_holds_checkpoints_too(hub: FakeHub, tmp_path: Path
     files = _write(tmp_path / "src", {"w.safetensors": b"\4" * 3000, "s.json": b"{}"})
     session = Session()
     async with asyncio.timeout(30):
-        await store.send("checkpoint-6/", tmp_path / "src", files, session)
+        await _sent(store, "checkpoint-6/", tmp_path / "src", files, session)
         listed = {m.key: m.size for m in await store.list("checkpoint-6/")}
         back = await store.fetch("checkpoint-6/", files, tmp_path / "back", lambda n: None)
     assert ("dataset", repo) in hub.repos
     assert listed == {"checkpoint-6/w.safetensors": 3000, "checkpoint-6/s.json": 2}
     assert back == session.done
     assert store.describe.startswith(f"hf://datasets/{repo}@main/")
+
+
+async def test_checkpoints_on_a_branch_of_their_own(hub: FakeHub, tmp_path: Path) -> None:
+    """With ``revision`` a branch that does not exist yet (and create_repo), the branch is
+    made from main on first use; a checkpoint is committed there and read back from it,
+    and main is left as it was."""
+    repo = _repo()
+    config = hf_config(hub, repo, revision="traind-ckpts")
+    store = CheckpointStore(open_objects(config, "run"))
+    files = _write(tmp_path, {"m.safetensors": b"\5" * 2500})
+    writer = Writer("e" * 32, "host-e")
+    session = Session()
+    with capture_logs() as logs:
+        async with asyncio.timeout(30):
+            await store.probe()
+            await store.claim("checkpoint-8", writer)
+            await store.upload("checkpoint-8", tmp_path, files, session)
+            entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
+            manifest = Manifest("run", "checkpoint-8", 8, entries, writer=writer)
+            await store.commit(manifest)
+            listed = await store.manifests()
+            back = await store.download(manifest, tmp_path / "back", lambda n: None)
+            on_main = await CheckpointStore(open_objects(hf_config(hub, repo), "run")).manifests()
+    assert [e["branch"] for e in logs if e["event"] == "hf_branch_created"] == ["traind-ckpts"]
+    assert listed == [manifest]
+    assert back == session.done
+    assert on_main == []
+    assert not [p for p in hub.head("model", repo).tree if "checkpoint-8" in p]
+    assert "ckpts/run/checkpoint-8/traind-manifest.json" in hub.head(
+        "model", repo, "traind-ckpts").tree

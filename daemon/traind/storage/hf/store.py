@@ -5,10 +5,11 @@ Every change is one Hub commit. A create-only or replace-if-version put reads th
 head commit, looks at the file there, and commits with ``parent_commit`` set to that head:
 the Hub refuses the commit (412) when anyone committed in between, and the put reads again.
 So both are atomic here (``create`` and ``update`` True): of two writers racing for one tag
-one commit lands first, and the other sees it. ``send`` pre-uploads a checkpoint's files (LFS)
-and adds them all in one commit; a delete removes its keys in one commit (so pruning a
-checkpoint is one commit: ``atomic_delete``). A 429 is waited
-out for the ``RateLimit`` reset the Hub names, then the commit is made again.
+one commit lands first, and the other sees it. ``send`` only pre-uploads a checkpoint's files
+(the LFS bytes; ``staged``): ``publish`` asks the LFS batch API that those bytes are there and
+adds the files with the manifest in one commit made the same way, so a checkpoint is one
+commit. A delete removes its keys in one commit (pruning a checkpoint: ``atomic_delete``).
+A 429 is waited out for the ``RateLimit`` reset the Hub names, then the call is made again.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from typing import Any, TypeVar
 import structlog
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, hf_hub_url
 from huggingface_hub.hf_api import RepoFile, RepoFolder
+from huggingface_hub.lfs import post_lfs_batch_info
 from huggingface_hub.utils._headers import build_hf_headers
 from huggingface_hub.utils._http import get_session, hf_raise_for_status
 
 from traind.config import HFStorage
-from traind.errors import IntegrityError, StorageError, TransientStorageError
+from traind.errors import IntegrityError, MissingFilesError, StorageError, TransientStorageError
 from traind.layout.keys import check_key, check_relpath
 from traind.storage.base import (
+    CREATE,
     OVERWRITE,
     Advance,
     Blob,
@@ -44,15 +47,14 @@ from traind.storage.base import (
 )
 from traind.storage.hf.errors import MISSING, reset_in, translate
 from traind.storage.memory import version_of
-from traind.util.fileio import hash_file
 from traind.util.tasks import fan_out
 
 log = structlog.get_logger("traind.hf")
 T = TypeVar("T")
 CAPABILITIES = Capabilities(
-    create=True, update=True,
-    claim="Hub commits with parent_commit: one made on a stale head is refused (412)",
-    atomic_delete=True)
+    create=True, update=True, atomic_delete=True, staged=True,
+    claim="one Hub commit per checkpoint (files and manifest), made with parent_commit: the "
+          "first writer's lands, one made on a stale head is refused (412) and looks again")
 ATTEMPTS = 12
 """Reads-and-commits a conditional put tries before giving up (each 412 is another writer's
 commit landing first)."""
@@ -75,6 +77,8 @@ class HFStore:
         self._host = socket.gethostname()
         self._created = False
         self._creating = asyncio.Lock()
+        self._staged: dict[str, CommitOperationAdd] = {}
+        """Files pre-uploaded by ``send`` and not committed yet, by path in the repo."""
 
     @property
     def describe(self) -> str:
@@ -93,7 +97,8 @@ class HFStore:
                     **kwargs: Any) -> T:
         """``fn`` in a thread, its errors translated; a 429 is waited out for the Hub's
         ``RateLimit`` reset (logged), a missing repo created once when the config asks."""
-        made, waits = False, 0
+        made: set[str] = set()
+        waits = 0
         while True:
             try:
                 return await asyncio.to_thread(fn, *args, **kwargs)
@@ -109,10 +114,11 @@ class HFStore:
                                 attempt=waits, retry_in=round(delay, 1))
                     await asyncio.sleep(delay)
                     continue
-                if error.code != "RepoNotFound" or not self._config.create_repo or made:
+                missing = error.code if error.code in ("RepoNotFound", "RevisionNotFound") else ""
+                if not missing or not self._config.create_repo or missing in made:
                     raise error from exc
-            made = True
-            await self._ensure_repo()  # created on first use, then the call again
+            made.add(missing)  # created on first use, then the call again
+            await (self._ensure_repo() if missing == "RepoNotFound" else self._ensure_branch())
 
     def _repo(self) -> dict[str, Any]:
         return {"repo_id": self._config.repo_id, "repo_type": self._config.repo_type}
@@ -140,6 +146,12 @@ class HFStore:
             self._created = True
         log.info("hf_repo_created", repo=self._config.repo_id,
                  repo_type=self._config.repo_type, private=self._config.private)
+
+    async def _ensure_branch(self) -> None:
+        await self._call("create_branch", None, self._api.create_branch, **self._repo(),
+                         branch=self._config.revision, exist_ok=True)
+        log.info("hf_branch_created", repo=self._config.repo_id,
+                 branch=self._config.revision)
 
     def _message(self, action: str, key: str) -> str:
         return f"traind {self._run}: {action} {key} (host {self._host})"
@@ -198,23 +210,39 @@ class HFStore:
             return True
         for _ in range(ATTEMPTS):
             head = await self._head()
-            if mode.kind == "create":
-                if path in await self._paths([path], head):
-                    return False
-            else:
-                found = await self._call("download", key, self._download, path, head)
-                if found is None or version_of(found) != mode.version:
-                    return False
-            try:
-                await self._commit([CommitOperationAdd(path, bytes(data))],
-                                   self._message(mode.kind, key), key, parent=head)
+            if not await self._allows(key, mode, head):
+                return False
+            if await self._commit_on([CommitOperationAdd(path, bytes(data))],
+                                     self._message(mode.kind, key), key, head):
                 return True
-            except StorageError as exc:
-                if exc.status != 412:
-                    raise
-            await asyncio.sleep(random.uniform(0.0, 0.2))  # another commit landed: look again
-        raise TransientStorageError(f"{self.where(key)}: the branch kept moving; retrying",
-                                    code="412", status=412, key=key, op="put")
+        raise self._moving(key, "put")
+
+    async def _allows(self, key: str, mode: PutMode, head: str) -> bool:
+        """Whether ``mode`` lets a put of ``key`` through at commit ``head``."""
+        path = self._root + key
+        if mode.kind == "create":
+            return path not in await self._paths([path], head)
+        if mode.kind == "update":
+            found = await self._call("download", key, self._download, path, head)
+            return found is not None and version_of(found) == mode.version
+        return True
+
+    async def _commit_on(self, ops: list[Any], message: str, key: str | None,
+                         head: str) -> bool:
+        """Commit ``ops`` on ``head``; False (after a short random pause) when another
+        commit landed first, for the caller to look again."""
+        try:
+            await self._commit(ops, message, key, parent=head)
+            return True
+        except StorageError as exc:
+            if exc.status != 412:
+                raise
+        await asyncio.sleep(random.uniform(0.0, 0.2))
+        return False
+
+    def _moving(self, key: str | None, op: str) -> TransientStorageError:
+        return TransientStorageError(f"{self.where(key or '')}: the branch kept moving; "
+                                     "retrying", code="412", status=412, key=key, op=op)
 
     async def get(self, key: str) -> Blob | None:
         found = await self._call("download", key, self._download, self._root + check_key(key),
@@ -266,37 +294,73 @@ class HFStore:
         for _ in range(ATTEMPTS):
             head = await self._head()
             there = sorted(set(await self._paths(paths, head)))
-            if not there:
+            if not there or await self._commit_on(
+                    [CommitOperationDelete(p) for p in there],
+                    self._message("delete", _summary(keys)), None, head):
                 return
-            try:
-                await self._commit([CommitOperationDelete(p) for p in there],
-                                   self._message("delete", _summary(keys)), None, parent=head)
-                return
-            except StorageError as exc:
-                if exc.status != 412:
-                    raise
-            await asyncio.sleep(random.uniform(0.0, 0.2))
-        raise TransientStorageError(f"{self.describe}: the branch kept moving; retrying",
-                                    code="412", status=412, op="delete")
+        raise self._moving(None, "delete")
 
     async def send(
         self, prefix: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:
         if not files:
             return
-        hashes = dict(zip([f.path for f in files], await fan_out(
-            files, self._config.concurrency,
-            lambda f: asyncio.to_thread(hash_file, root / check_relpath(f.path))), strict=True))
-        ops = [CommitOperationAdd(self._root + prefix + f.path, str(root / f.path))
-               for f in files]
-        await self._commit(ops, self._message(f"store {len(files)} files of",
-                                              prefix.rstrip("/")), prefix)
-        for f, op in zip(files, ops, strict=True):
-            size, sha = hashes[f.path]
-            if size != f.size or op.upload_info.sha256.hex() != sha:
-                raise IntegrityError(f"{self.where(prefix + f.path)}: changed while sent")
-            session.advance(size)
-            await session.file_done(f.path, sha)
+        ops = await fan_out(files, self._config.concurrency, lambda f: asyncio.to_thread(
+            CommitOperationAdd, self._root + prefix + check_relpath(f.path), str(root / f.path)))
+        await self._call("preupload_lfs_files", prefix, self._api.preupload_lfs_files,
+                         **self._repo(), additions=ops, revision=self._config.revision)
+        for f, op in zip(files, ops, strict=True):  # sha256 read by CommitOperationAdd
+            if op.upload_info.size != f.size:
+                raise IntegrityError(f"{self.where(prefix + f.path)}: changed while sent "
+                                     f"({op.upload_info.size} bytes, not {f.size})")
+            self._staged[op.path_in_repo] = op
+            session.advance(f.size)
+            await session.file_done(f.path, op.upload_info.sha256.hex())
+
+    async def publish(self, prefix: str, files: Sequence[LocalFile], note: str, *,
+                      key: str | None = None, data: bytes = b"", mode: PutMode = CREATE,
+                      unless: str | None = None) -> bool:
+        paths = [self._root + prefix + check_relpath(f.path) for f in files]
+        for _ in range(ATTEMPTS):
+            head = await self._head()
+            if key is not None and not await self._allows(check_key(key), mode, head):
+                return False
+            if unless is not None and await self.list(unless):
+                return False  # listed after the head was read: a later commit fails (412)
+            stored = await self._paths(paths, head)
+            ops = [op for f, p in zip(files, paths, strict=True)
+                   if (op := self._staged.get(p)) is not None and op.upload_info.size == f.size]
+            staged = {op.path_in_repo for op in ops}
+            if missing := [f.path for f, p in zip(files, paths, strict=True) if p not in staged
+                           and (p not in stored or stored[p].size != f.size)]:
+                raise MissingFilesError(prefix.rstrip("/"), missing, self.where(prefix))
+            await self._verify_uploaded(prefix, ops)
+            extra = [] if key is None else [CommitOperationAdd(self._root + key, bytes(data))]
+            message = f"traind {self._run}: {note} (host {self._host})"
+            if await self._commit_on([*ops, *extra], message, key, head):
+                for op in ops:
+                    self._staged.pop(op.path_in_repo, None)
+                return True
+        raise self._moving(key, "publish")
+
+    async def _verify_uploaded(self, prefix: str, ops: Sequence[CommitOperationAdd]) -> None:
+        """Ask the LFS batch API that the bytes of every pre-uploaded LFS file are on the
+        Hub with their size (it answers with an upload action for any that are not):
+        MissingFilesError names those, which are then sent again."""
+        lfs = [op for op in ops if op._upload_mode == "lfs"]  # set by the pre-upload
+        if not lfs:
+            return
+        answer = await self._call(
+            "lfs_batch", prefix, post_lfs_batch_info, upload_infos=[op.upload_info for op in lfs],
+            token=self._token, repo_type=self._config.repo_type, repo_id=self._config.repo_id,
+            revision=self._config.revision, endpoint=self._config.endpoint)
+        absent = {o["oid"] for o in [*answer[0], *answer[1]] if "actions" in o or "error" in o}
+        if missing := [op for op in lfs if op.upload_info.sha256.hex() in absent]:
+            for op in missing:
+                self._staged.pop(op.path_in_repo, None)
+            raise MissingFilesError(prefix.rstrip("/"), [
+                op.path_in_repo[len(self._root + prefix):] for op in missing],
+                self.where(prefix))
 
     async def fetch(
         self, prefix: str, files: Sequence[LocalFile], dest: Path, advance: Advance
