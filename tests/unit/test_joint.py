@@ -204,7 +204,7 @@ async def test_a_ticket_nonce_unfit_for_a_key_is_not_reused(
     try:
         await until(lambda: json.loads(ticket.read_text())["nonce"] != "../x y")
         async with asyncio.timeout(10):  # the ticket is written before the request is
-            while not (asked := await store.start_requests()):
+            while not (asked := await store.start_requests()):  # noqa: ASYNC110 - the store
                 await asyncio.sleep(0.01)
         assert list(asked) == [1]
         assert asked[1] == json.loads(ticket.read_text())["nonce"]
