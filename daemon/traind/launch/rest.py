@@ -64,16 +64,20 @@ class Pace:
         """No request of ``key`` before ``seconds`` from now."""
         self._next[key] = max(self._next.get(key, 0.0), time.monotonic() + seconds)
 
-    async def wait(self, key: str, interval: float, backend: str, path: str, why: str) -> None:
-        """Sleep until a request of ``key`` may go, then book the next slot ``interval`` on."""
+    async def wait(
+        self, paces: Sequence[tuple[str, float]], backend: str, path: str
+    ) -> None:
+        """Sleep until every key of ``paces`` allows a request, then book each key's next
+        slot its interval after now."""
+        ready = max(self._next.get(key, 0.0) for key, _ in paces)
+        if (delay := ready - time.monotonic()) > 0:
+            if delay >= 0.05:
+                log.info("launch_api_waiting", backend=backend, path=path, reason="pace",
+                         seconds=round(delay, 3))
+            await asyncio.sleep(delay)
         now = time.monotonic()
-        ready = self._next.get(key, 0.0)
-        self._next[key] = max(now, ready) + interval
-        if ready > now:
-            if ready - now >= 0.05:
-                log.info("launch_api_waiting", backend=backend, path=path, reason=why,
-                         seconds=round(ready - now, 3))
-            await asyncio.sleep(ready - now)
+        for key, interval in paces:
+            self._next[key] = now + interval
 
 
 class RestAPI:
@@ -102,8 +106,7 @@ class RestAPI:
         paces = [(p, i) for p, i in self.paces if path.startswith(p)] or [("", 0.0)]
 
         async def attempt() -> tuple[int, Any]:
-            for key, interval in paces:
-                await self.pace.wait(key, interval, self.backend, path, "pace")
+            await self.pace.wait(paces, self.backend, path)
             headers = {"Accept": "application/json", **self.headers()}
             async with (
                 aiohttp.ClientSession(timeout=timeout, headers=headers) as session,
