@@ -14,10 +14,12 @@ from typing import Any, Protocol
 from tests.support.fake_cloud import LoopbackHost, Serving
 from tests.support.fake_lambda import API_KEY as LAMBDA_KEY
 from tests.support.fake_lambda import FakeLambda
+from tests.support.fake_nebius import TOKEN as NEBIUS_TOKEN
+from tests.support.fake_nebius import FakeNebius
 from tests.support.fake_runpod import API_KEY as RUNPOD_KEY
 from tests.support.fake_runpod import FakeRunPod
 
-CLOUDS = ["runpod", "lambda"]
+CLOUDS = ["runpod", "lambda", "nebius"]
 """The stand-ins the shared tests run against."""
 FAST = {"poll_interval": 0.05, "retries": 3, "backoff_initial": 0.05, "backoff_max": 0.2,
         "request_timeout": 10, "teardown_timeout": 10}
@@ -148,6 +150,43 @@ class LambdaCloud:
         return len(self.fake.instances)
 
 
+@dataclass
+class NebiusCloud:
+    """The Nebius gRPC stand-in, reached through the official SDK."""
+
+    fake: FakeNebius
+    name: str = "nebius"
+    quota_words: str = "Quota limit exceeded"
+    env: dict[str, str] = field(default_factory=lambda: {"NEBIUS_IAM_TOKEN": NEBIUS_TOKEN})
+
+    @property
+    def host(self) -> LoopbackHost:
+        return self.fake.host
+
+    def table(self) -> dict[str, Any]:
+        return {"endpoint": self.fake.address, "tls": False, "project_id": self.fake.project,
+                "subnet_id": "vpcsubnet-e00test", "ssh_user": getpass.getuser(),
+                "ssh_port": self.host.port, **FAST}
+
+    def refuse_quota(self) -> None:
+        self.fake.quota_exceeded = True
+
+    def never_running(self) -> None:
+        self.fake.never_running = True
+
+    def rate_limit(self) -> None:
+        self.fake.rate_limited = 2
+
+    def rate_limited(self) -> int:
+        return len(self.fake.throttled)
+
+    def live(self) -> list[str]:
+        return self.fake.live()
+
+    def created(self) -> int:
+        return len(self.fake.created)
+
+
 @contextlib.asynccontextmanager
 async def running(name: str, host: LoopbackHost) -> AsyncIterator[Cloud]:
     """The stand-in of ``name`` served on loopback for the block, its instances at ``host``."""
@@ -159,5 +198,12 @@ async def running(name: str, host: LoopbackHost) -> AsyncIterator[Cloud]:
         lam = FakeLambda(host=host, request_interval=0.02, launch_interval=0.1)
         async with Serving(lam.app()) as url:
             yield LambdaCloud(lam, url)
+    elif name == "nebius":
+        nebius = FakeNebius(host=host)
+        await nebius.start()
+        try:
+            yield NebiusCloud(nebius)
+        finally:
+            await nebius.stop()
     else:
         raise AssertionError(f"no stand-in for {name}")

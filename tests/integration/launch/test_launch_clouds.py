@@ -35,7 +35,7 @@ from traind.launch.registry import open_backend
 pytestmark = pytest.mark.timeout(60)
 H100 = Constraints(gpu=("H100",), min_gpu_ram_gb=80)
 CHEAPEST_H100 = {"runpod": ("H100 SXM", 2.69, "US-KS-2"), "lambda": ("H100 SXM5", 3.29,
-                 "us-south-1"), "nebius": ("NVIDIA H100 NVLink", 2.95, "eu-north1")}
+                 "us-south-1"), "nebius": ("H100 NVLink", 2.95, "")}
 
 
 @pytest.fixture(scope="module")
