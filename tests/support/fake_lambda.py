@@ -209,6 +209,10 @@ class FakeLambda:
         """Instances that are not terminated (still billed)."""
         return [i.id for i in self.instances.values() if self._status(i) != "terminated"]
 
+    def ever_created(self) -> int:
+        """How many instances were launched."""
+        return len(self.instances)
+
     def _status(self, instance: Instance) -> str:
         if instance.terminated_polls is not None:
             return "terminating" if instance.terminated_polls < 1 else "terminated"

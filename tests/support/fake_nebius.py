@@ -163,6 +163,10 @@ class FakeNebius:
         """Instances that exist (billed)."""
         return list(self.instances)
 
+    def ever_created(self) -> int:
+        """How many instances were created."""
+        return len(self.created)
+
     def state(self, instance: Instance) -> str:
         if instance.deleting:
             return "DELETING"

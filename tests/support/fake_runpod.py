@@ -175,6 +175,14 @@ class FakeRunPod:
         self.deleted.append(pod.id)
         return web.Response(status=204)
 
+    def live(self) -> list[str]:
+        """Pods that exist (billed)."""
+        return list(self.pods)
+
+    def ever_created(self) -> int:
+        """How many pods were created."""
+        return len(self.pods) + len(self.deleted)
+
     def _status(self, pod: Pod) -> str:
         if pod.polls <= self.polls_per_state:
             return "PROVISIONING"

@@ -17,18 +17,14 @@ import base64
 import hashlib
 from pathlib import Path
 
-import structlog
-
 from traind.launch.base import Constraints, Handle, HostState, Offer
 from traind.launch.config import LambdaSection
-from traind.launch.errors import BackendAPIError, InstanceNotFoundError, ProvisionError
+from traind.launch.errors import BackendAPIError, ProvisionError
 from traind.launch.handles import LaunchStore
 from traind.launch.lambda_api import error_code, message, normalise_state, offers_from
-from traind.launch.ranking import explain, rank
 from traind.launch.rented import RentedBackend, Seen
-from traind.launch.rest import RestAPI
+from traind.launch.rest import RestAPI, bearer
 
-log = structlog.get_logger("traind.launch")
 LAUNCH = "/api/v1/instance-operations/launch"
 
 
@@ -48,7 +44,7 @@ class LambdaBackend(RentedBackend):
         self.config = config
         self.api = RestAPI(
             self.name, config.url, config,
-            lambda: {"Authorization": f"Bearer {config.key().get_secret_value()}"},
+            bearer(config.key),
             paces=[("", config.request_interval), (LAUNCH, config.launch_interval)],
         )
 
@@ -58,10 +54,7 @@ class LambdaBackend(RentedBackend):
         if status >= 400:
             raise BackendAPIError(f"lambda instance types: HTTP {status}: {message(data)}")
         offers = offers_from(data.get("data") or {}, self.config.regions)
-        ranked = rank(offers, constraints)
-        log.info("launch_offers", backend=self.name, offered=len(offers), matching=len(ranked),
-                 rejected=explain(offers, constraints))
-        return ranked
+        return self.ranked(offers, constraints)
 
     async def _ssh_key(self, public_key: str) -> str:
         """The name of our key in the account, registering it if it is not there yet."""
@@ -110,12 +103,8 @@ class LambdaBackend(RentedBackend):
 
     async def look(self, handle: Handle) -> Seen:
         """``GET /api/v1/instances/{id}``: status, public IP, GPUs."""
-        status, data = await self.api.call("GET", f"/api/v1/instances/{handle.instance_id}")
-        if status == 404:
-            raise InstanceNotFoundError(f"lambda instance {handle.instance_id}: {message(data)}")
-        if status >= 400:
-            raise BackendAPIError(f"lambda get instance {handle.instance_id}: HTTP {status}: "
-                                  f"{message(data)}")
+        data = await self.api.read(f"/api/v1/instances/{handle.instance_id}",
+                                   f"instance {handle.instance_id}", message)
         instance = data.get("data") or {}
         state = normalise_state(instance)
         kind = instance.get("instance_type") or {}

@@ -36,7 +36,6 @@ from traind.launch.nebius_api import (
     offer,
     public_address,
 )
-from traind.launch.ranking import explain, rank
 from traind.launch.rented import RentedBackend, Seen
 from traind.retry import Backoff, retrying
 
@@ -185,10 +184,7 @@ class NebiusBackend(RentedBackend):
                         res.gpu_count, res.gpu_memory_gibibytes or spec.gpu_memory_gibibytes,
                         _hourly(estimate),
                     ))
-        ranked = rank(offers, constraints)
-        log.info("launch_offers", backend=self.name, offered=len(offers), matching=len(ranked),
-                 rejected=explain(offers, constraints))
-        return ranked
+        return self.ranked(offers, constraints)
 
     async def provision(
         self, offer: Offer, disk: float, image: str, ssh_public_key: str, label: str

@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 
 from traind.launch.base import (
+    Constraints,
     Handle,
     HostState,
     HostStatus,
@@ -34,6 +35,7 @@ from traind.launch.errors import (
     ProvisionError,
 )
 from traind.launch.handles import LaunchStore
+from traind.launch.ranking import explain, rank
 from traind.launch.remote import SSHRemote, trust_on_first_use
 
 log = structlog.get_logger("traind.launch")
@@ -71,6 +73,13 @@ class RentedBackend(ABC):
     @abstractmethod
     async def destroy(self, handle: Handle) -> bool:
         """Ask for the instance to be destroyed; False when it was gone already."""
+
+    def ranked(self, offers: list[Offer], constraints: Constraints) -> list[Offer]:
+        """The offers that satisfy ``constraints``, best first, with how many fit logged."""
+        fitting = rank(offers, constraints)
+        log.info("launch_offers", backend=self.name, offered=len(offers), matching=len(fitting),
+                 rejected=explain(offers, constraints))
+        return fitting
 
     def rented(self, offer: Offer, instance: str, label: str) -> Handle:
         """The handle of a just-created instance (logged: it costs money from now on)."""

@@ -18,14 +18,20 @@ from typing import Any
 
 import aiohttp
 import structlog
+from pydantic import SecretStr
 
 from traind.launch.config import CloudSection
-from traind.launch.errors import BackendAPIError
+from traind.launch.errors import BackendAPIError, InstanceNotFoundError
 from traind.retry import Backoff, retrying
 
 log = structlog.get_logger("traind.launch")
 Headers = Callable[[], Mapping[str, str]]
 """Builds the request headers (the key is read when a request is made, not before)."""
+
+
+def bearer(key: Callable[[], SecretStr]) -> Headers:
+    """Headers sending ``key()`` as a Bearer token."""
+    return lambda: {"Authorization": f"Bearer {key().get_secret_value()}"}
 
 
 class _Retryable(Exception):
@@ -139,3 +145,13 @@ class RestAPI:
             return await retrying(attempt, backoff, cfg.retries, passing, logged)
         except _FAILURES as exc:
             raise BackendAPIError(f"{self.backend} {method} {path}: {_reason(exc)}") from exc
+
+    async def read(self, path: str, what: str, describe: Callable[[Any], str]) -> Any:
+        """GET ``path``'s record: InstanceNotFoundError on 404, BackendAPIError on another
+        error, both in the provider's words (``describe`` of the answer)."""
+        status, data = await self.call("GET", path)
+        if status == 404:
+            raise InstanceNotFoundError(f"{self.backend} {what}: {describe(data)}")
+        if status >= 400:
+            raise BackendAPIError(f"{self.backend} {what}: HTTP {status}: {describe(data)}")
+        return data

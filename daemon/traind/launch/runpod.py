@@ -14,18 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from traind.launch.base import Constraints, Handle, HostState, Offer
 from traind.launch.config import RunPodSection
-from traind.launch.errors import BackendAPIError, InstanceNotFoundError, ProvisionError
+from traind.launch.errors import BackendAPIError, ProvisionError
 from traind.launch.handles import LaunchStore
-from traind.launch.ranking import explain, rank
 from traind.launch.rented import RentedBackend, Seen
-from traind.launch.rest import RestAPI
+from traind.launch.rest import RestAPI, bearer
 from traind.launch.runpod_api import message, normalise_state, offers_from, ssh_address
-
-log = structlog.get_logger("traind.launch")
 
 
 class RunPodBackend(RentedBackend):
@@ -36,8 +31,7 @@ class RunPodBackend(RentedBackend):
     def __init__(self, config: RunPodSection, store: LaunchStore, identity_file: Path) -> None:
         super().__init__(config, store, identity_file)
         self.config = config
-        self.api = RestAPI(self.name, config.url, config, lambda: {
-            "Authorization": f"Bearer {config.key().get_secret_value()}"})
+        self.api = RestAPI(self.name, config.url, config, bearer(config.key))
 
     async def search_offers(self, constraints: Constraints) -> list[Offer]:
         """GPU types with stock for the wanted count, per data center, cheapest first."""
@@ -50,10 +44,7 @@ class RunPodBackend(RentedBackend):
             raise BackendAPIError(f"runpod catalog: HTTP {status}: {message(data)}")
         offers = offers_from(data.get("gpus") or [], self.config.cloud, count,
                              self.config.data_centers)
-        ranked = rank(offers, constraints)
-        log.info("launch_offers", backend=self.name, offered=len(offers), matching=len(ranked),
-                 rejected=explain(offers, constraints))
-        return ranked
+        return self.ranked(offers, constraints)
 
     async def provision(
         self, offer: Offer, disk: float, image: str, ssh_public_key: str, label: str
@@ -90,12 +81,8 @@ class RunPodBackend(RentedBackend):
 
     async def look(self, handle: Handle) -> Seen:
         """``GET /v2/pods/{id}``: status, the SSH port mapping, GPUs, uptime."""
-        status, pod = await self.api.call("GET", f"/v2/pods/{handle.instance_id}")
-        if status == 404:
-            raise InstanceNotFoundError(f"runpod pod {handle.instance_id} does not exist")
-        if status >= 400:
-            raise BackendAPIError(f"runpod get pod {handle.instance_id}: HTTP {status}: "
-                                  f"{message(pod)}")
+        pod = await self.api.read(f"/v2/pods/{handle.instance_id}",
+                                  f"pod {handle.instance_id}", message)
         state = normalise_state(pod)
         address = ssh_address(pod, self.config.ssh_port) if state is HostState.RUNNING else None
         gpu = pod.get("gpu") or {}

@@ -16,18 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from traind.launch.base import Constraints, Handle, HostState, Offer
 from traind.launch.config import VastSection
 from traind.launch.errors import BackendAPIError, InstanceNotFoundError, ProvisionError
 from traind.launch.handles import LaunchStore
-from traind.launch.ranking import explain, rank
 from traind.launch.rented import RentedBackend, Seen
-from traind.launch.rest import RestAPI
+from traind.launch.rest import RestAPI, bearer
 from traind.launch.vast_api import is_missing, message, normalise_state, offer_from, search_query
-
-log = structlog.get_logger("traind.launch")
 
 
 class VastBackend(RentedBackend):
@@ -38,8 +33,7 @@ class VastBackend(RentedBackend):
     def __init__(self, config: VastSection, store: LaunchStore, identity_file: Path) -> None:
         super().__init__(config, store, identity_file)
         self.config = config
-        self.api = RestAPI(self.name, config.url, config, lambda: {
-            "Authorization": f"Bearer {config.key().get_secret_value()}"})
+        self.api = RestAPI(self.name, config.url, config, bearer(config.key))
 
     async def search_offers(self, constraints: Constraints) -> list[Offer]:
         """Offers filtered by the server, then again here, cheapest first."""
@@ -48,10 +42,7 @@ class VastBackend(RentedBackend):
         if status >= 400:
             raise BackendAPIError(f"vast.ai search failed: HTTP {status}: {message(data)}")
         offers = [offer_from(r) for r in data.get("offers") or [] if "id" in r]
-        ranked = rank(offers, constraints)
-        log.info("launch_offers", backend=self.name, offered=len(offers), matching=len(ranked),
-                 rejected=explain(offers, constraints))
-        return ranked
+        return self.ranked(offers, constraints)
 
     async def provision(
         self, offer: Offer, disk: float, image: str, ssh_public_key: str, label: str

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tests.support.fake_cloud import LoopbackHost, Serving
 from tests.support.fake_lambda import API_KEY as LAMBDA_KEY
@@ -26,34 +26,44 @@ FAST = {"poll_interval": 0.05, "retries": 3, "backoff_initial": 0.05, "backoff_m
 """Timeouts shrunk for tests (the defaults are minutes)."""
 
 
-class Cloud(Protocol):
-    """A running stand-in and what the tests ask of it."""
+@dataclass
+class Cloud:
+    """A running stand-in and what the tests ask of it: its launch.toml table, its
+    credentials' environment, its failure switches and what it has billed."""
 
     name: str
-    host: LoopbackHost
+    fake: Any
     env: dict[str, str]
     quota_words: str
+    """Words of the provider's own quota message."""
+    values: Callable[[], dict[str, Any]]
+    refuse_quota: Callable[[], None]
+    never_running: Callable[[], None]
+    rate_limit: Callable[[], None]
+
+    @property
+    def host(self) -> LoopbackHost:
+        """Where its instances' SSH answers."""
+        host: LoopbackHost = self.fake.host
+        return host
 
     def table(self) -> dict[str, Any]:
         """The launch.toml table of this backend, pointed at the stand-in."""
-
-    def refuse_quota(self) -> None:
-        """Make the next create fail on the account's quota."""
-
-    def never_running(self) -> None:
-        """Keep instances from ever running."""
-
-    def rate_limit(self) -> None:
-        """Make the provider rate-limit the next requests."""
+        return {"ssh_user": getpass.getuser(), **FAST, **self.values()}
 
     def rate_limited(self) -> int:
-        """How many requests the provider refused for the rate limit."""
+        """How many requests the provider refused for its rate limit."""
+        return len(self.fake.throttled)
 
     def live(self) -> list[str]:
         """Instances that exist and are billed."""
+        live: list[str] = self.fake.live()
+        return live
 
     def created(self) -> int:
         """How many instances were ever created."""
+        count: int = self.fake.ever_created()
+        return count
 
 
 def toml_value(value: Any) -> str:
@@ -75,116 +85,14 @@ def backend_toml(cloud: Cloud, ssh_key: Path, wait_running: str = "20s") -> str:
             f"disk_gb = 64\n")
 
 
-@dataclass
-class RunPodCloud:
-    """The RunPod REST v2 stand-in."""
+def setattrs(target: Any, **values: Any) -> Callable[[], None]:
+    """A switch that sets ``values`` on ``target``."""
 
-    fake: FakeRunPod
-    url: str
-    name: str = "runpod"
-    quota_words: str = "Insufficient balance"
-    env: dict[str, str] = field(default_factory=lambda: {"RUNPOD_API_KEY": RUNPOD_KEY})
+    def switch() -> None:
+        for name, value in values.items():
+            setattr(target, name, value)
 
-    @property
-    def host(self) -> LoopbackHost:
-        return self.fake.host
-
-    def table(self) -> dict[str, Any]:
-        return {"url": self.url, "ssh_user": getpass.getuser(), **FAST}
-
-    def refuse_quota(self) -> None:
-        self.fake.refuse_create = (402, "Insufficient balance to deploy this pod.")
-
-    def never_running(self) -> None:
-        self.fake.never_running = True
-
-    def rate_limit(self) -> None:
-        self.fake.rate_limited = 2
-
-    def rate_limited(self) -> int:
-        return len(self.fake.throttled)
-
-    def live(self) -> list[str]:
-        return list(self.fake.pods)
-
-    def created(self) -> int:
-        return len(self.fake.pods) + len(self.fake.deleted)
-
-
-@dataclass
-class LambdaCloud:
-    """The Lambda Cloud REST v1 stand-in, with its rate limits scaled down."""
-
-    fake: FakeLambda
-    url: str
-    name: str = "lambda"
-    quota_words: str = "Quota exceeded"
-    env: dict[str, str] = field(default_factory=lambda: {"LAMBDA_API_KEY": LAMBDA_KEY})
-    pace: tuple[float, float] = (0.04, 0.2)
-    """The adapter's request and launch intervals: the stand-in's limits, with a margin."""
-
-    @property
-    def host(self) -> LoopbackHost:
-        return self.fake.host
-
-    def table(self) -> dict[str, Any]:
-        return {"url": self.url, "ssh_user": getpass.getuser(), "ssh_port": self.host.port,
-                "request_interval": self.pace[0], "launch_interval": self.pace[1], **FAST}
-
-    def refuse_quota(self) -> None:
-        self.fake.refuse_launch = ("global/quota-exceeded", "Quota exceeded.")
-
-    def never_running(self) -> None:
-        self.fake.never_active = True
-
-    def rate_limit(self) -> None:
-        self.fake.request_interval = 0.3
-
-    def rate_limited(self) -> int:
-        return len(self.fake.throttled)
-
-    def live(self) -> list[str]:
-        return self.fake.live()
-
-    def created(self) -> int:
-        return len(self.fake.instances)
-
-
-@dataclass
-class NebiusCloud:
-    """The Nebius gRPC stand-in, reached through the official SDK."""
-
-    fake: FakeNebius
-    name: str = "nebius"
-    quota_words: str = "Quota limit exceeded"
-    env: dict[str, str] = field(default_factory=lambda: {"NEBIUS_IAM_TOKEN": NEBIUS_TOKEN})
-
-    @property
-    def host(self) -> LoopbackHost:
-        return self.fake.host
-
-    def table(self) -> dict[str, Any]:
-        return {"endpoint": self.fake.address, "tls": False, "project_id": self.fake.project,
-                "subnet_id": "vpcsubnet-e00test", "ssh_user": getpass.getuser(),
-                "ssh_port": self.host.port, **FAST}
-
-    def refuse_quota(self) -> None:
-        self.fake.quota_exceeded = True
-
-    def never_running(self) -> None:
-        self.fake.never_running = True
-
-    def rate_limit(self) -> None:
-        self.fake.rate_limited = 2
-
-    def rate_limited(self) -> int:
-        return len(self.fake.throttled)
-
-    def live(self) -> list[str]:
-        return self.fake.live()
-
-    def created(self) -> int:
-        return len(self.fake.created)
+    return switch
 
 
 @contextlib.asynccontextmanager
@@ -193,16 +101,35 @@ async def running(name: str, host: LoopbackHost) -> AsyncIterator[Cloud]:
     if name == "runpod":
         runpod = FakeRunPod(host=host)
         async with Serving(runpod.app()) as url:
-            yield RunPodCloud(runpod, url)
+            yield Cloud(
+                "runpod", runpod, {"RUNPOD_API_KEY": RUNPOD_KEY}, "Insufficient balance",
+                lambda: {"url": url},
+                setattrs(runpod, refuse_create=(402, "Insufficient balance to deploy a pod.")),
+                setattrs(runpod, never_running=True), setattrs(runpod, rate_limited=2),
+            )
     elif name == "lambda":
+        # The adapter is paced at twice the stand-in's (scaled-down) limits; rate_limit
+        # tightens the stand-in's behind the adapter's back.
         lam = FakeLambda(host=host, request_interval=0.02, launch_interval=0.1)
         async with Serving(lam.app()) as url:
-            yield LambdaCloud(lam, url)
+            yield Cloud(
+                "lambda", lam, {"LAMBDA_API_KEY": LAMBDA_KEY}, "Quota exceeded",
+                lambda: {"url": url, "ssh_port": host.port, "request_interval": 0.04,
+                         "launch_interval": 0.2},
+                setattrs(lam, refuse_launch=("global/quota-exceeded", "Quota exceeded.")),
+                setattrs(lam, never_active=True), setattrs(lam, request_interval=0.3),
+            )
     elif name == "nebius":
         nebius = FakeNebius(host=host)
         await nebius.start()
         try:
-            yield NebiusCloud(nebius)
+            yield Cloud(
+                "nebius", nebius, {"NEBIUS_IAM_TOKEN": NEBIUS_TOKEN}, "Quota limit exceeded",
+                lambda: {"endpoint": nebius.address, "tls": False, "project_id": nebius.project,
+                         "subnet_id": "vpcsubnet-e00test", "ssh_port": host.port},
+                setattrs(nebius, quota_exceeded=True), setattrs(nebius, never_running=True),
+                setattrs(nebius, rate_limited=2),
+            )
         finally:
             await nebius.stop()
     else:
