@@ -111,6 +111,8 @@ class Instance:
     request: Any
     polls: int = 0
     deleting: bool = False
+    failed: bool = False
+    """Its create operation failed: it stays in ERROR until deleted."""
 
 
 @dataclass
@@ -170,6 +172,8 @@ class FakeNebius:
     def state(self, instance: Instance) -> str:
         if instance.deleting:
             return "DELETING"
+        if instance.failed:
+            return "ERROR"
         if instance.polls <= self.polls_per_state:
             return "CREATING"
         if self.never_running or instance.polls <= 2 * self.polls_per_state:
@@ -207,11 +211,12 @@ class _Base:
         await context.abort(code, message, trailing_metadata=(
             ("grpc-status-details-bin", details),))
 
-    def operation(self, resource_id: str, done: bool = False) -> Any:
-        """A new Operation on ``resource_id``; it completes on its next Get."""
+    def operation(self, resource_id: str, deletes: bool = False) -> Any:
+        """A new Operation on ``resource_id``; it completes on its next Get (a delete's
+        completion removes the instance)."""
         op = self.pb["common.v1.operation_pb2"].Operation(id=f"op-{uuid.uuid4().hex[:12]}",
-                                                resource_id=resource_id)
-        self.fake.operations[op.id] = [op, done]
+                                                          resource_id=resource_id)
+        self.fake.operations[op.id] = (op, deletes)
         return op
 
 
@@ -222,9 +227,6 @@ class _Instances(_Base):
         if instance is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"instance {request.id} not found")
         assert instance is not None
-        if instance.deleting:
-            del self.fake.instances[instance.id]
-            self.fake.deleted.append(instance.id)
         instance.polls += 1
         return self.record(instance)
 
@@ -259,7 +261,7 @@ class _Instances(_Base):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"instance {request.id} not found")
         assert instance is not None
         instance.deleting = True
-        return self.operation(instance.id)
+        return self.operation(instance.id, deletes=True)
 
     def record(self, instance: Instance) -> Any:
         pb = self.pb["compute.v1.instance_pb2"]
@@ -307,16 +309,20 @@ class _Operations(_Base):
         if entry is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"operation {request.id} not found")
         assert entry is not None
-        op, _ = entry
+        op, deletes = entry
         if not op.HasField("status"):
-            if self.fake.no_capacity and op.resource_id in self.fake.instances:
+            if deletes:
+                self.fake.instances.pop(op.resource_id, None)
+                self.fake.deleted.append(op.resource_id)
+                op.status.code = 0
+            elif self.fake.no_capacity and op.resource_id in self.fake.instances:
                 error = self.pb["common.v1.error_pb2"].ServiceError(
                     service="compute", code="NotEnoughResources")
                 error.not_enough_resources.violations.add(
                     resource_type="gpu-h100-sxm", message="Not enough resources in the zone")
                 op.status.CopyFrom(self.status(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                                "not enough resources", error))
-                self.fake.instances[op.resource_id].request.spec.stopped = True
+                self.fake.instances[op.resource_id].failed = True
             else:
                 op.status.code = 0
             op.finished_at.GetCurrentTime()

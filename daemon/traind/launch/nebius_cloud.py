@@ -191,6 +191,7 @@ class NebiusBackend(RentedBackend):
     ) -> Handle:
         """Create the instance and follow its operation; ProvisionError naming Nebius's reason
         (quota, not enough resources), with whatever it left behind deleted."""
+        from nebius.aio.operation import OperationError
         from nebius.api.nebius.common.v1 import GetByNameRequest, ResourceMetadata
         from nebius.api.nebius.compute.v1 import (
             AttachedDiskSpec,
@@ -238,13 +239,14 @@ class NebiusBackend(RentedBackend):
                     if exc.kind in ("quota", "capacity", "auth", "other"):
                         raise ProvisionError(f"nebius refused {offer.id}: {exc}") from exc
                     raise
-                await operation.wait(interval=cfg.poll_interval, timeout=cfg.teardown_timeout)
-                if not operation.successful():
-                    self_made = operation.resource_id
-                    if self_made:
-                        await self._delete(sdk, self_made)
+                try:
+                    await operation.wait(interval=cfg.poll_interval,
+                                         timeout=cfg.teardown_timeout)
+                except (OperationError, TimeoutError) as exc:
+                    if operation.resource_id:  # made, but failed or never finished: not kept
+                        await self._delete(sdk, operation.resource_id)
                     raise ProvisionError(f"nebius could not create {offer.id}: "
-                                         f"{operation.status()}")
+                                         f"{exc or 'timed out'}") from exc
                 return str(operation.resource_id)
 
             async def find() -> str | None:
@@ -283,6 +285,7 @@ class NebiusBackend(RentedBackend):
         return Seen(normalise_state(state), state, host, 0, instance.spec.resources.platform)
 
     async def _delete(self, sdk: SDK, instance: str) -> bool:
+        from nebius.aio.operation import OperationError
         from nebius.api.nebius.compute.v1 import DeleteInstanceRequest, InstanceServiceClient
 
         try:
@@ -292,10 +295,11 @@ class NebiusBackend(RentedBackend):
             if exc.kind == "missing":
                 return False
             raise
-        await operation.wait(interval=self.config.poll_interval,
-                             timeout=self.config.teardown_timeout)
-        if not operation.successful():
-            raise BackendAPIError(f"nebius delete {instance}: {operation.status()}")
+        try:
+            await operation.wait(interval=self.config.poll_interval,
+                                 timeout=self.config.teardown_timeout)
+        except (OperationError, TimeoutError) as exc:
+            raise BackendAPIError(f"nebius delete {instance}: {exc or 'timed out'}") from exc
         return True
 
     async def destroy(self, handle: Handle) -> bool:

@@ -202,6 +202,26 @@ async def test_rate_limits_are_waited_out(
     assert cloud.live() == []
 
 
+async def test_nebius_without_capacity_leaves_nothing(
+    tmp_path: Path, host: LoopbackHost, sshd: SSHServer, store: LaunchStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Nebius create whose operation fails for want of resources is a ProvisionError in
+    Nebius's words, and the instance it made is deleted before provision returns."""
+    async with running("nebius", host) as cloud:
+        for name, value in cloud.env.items():
+            monkeypatch.setenv(name, value)
+        cloud.fake.no_capacity = True
+        cfg = launch_config(tmp_path, cloud, sshd)
+        ctx = flow.Context(cfg, adapter(cfg, store), store)
+        async with asyncio.timeout(30):
+            with pytest.raises(ProvisionError, match="not enough resources"):
+                await flow.launch(ctx, tmp_path / "launch.toml")
+        assert cloud.created() == 1
+        assert cloud.live() == []
+    assert store.names() == []
+
+
 async def test_lambda_requests_keep_to_its_limits(
     tmp_path: Path, host: LoopbackHost, sshd: SSHServer, store: LaunchStore,
     monkeypatch: pytest.MonkeyPatch,
