@@ -7,7 +7,6 @@ saved launch keeps working from any directory.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +23,7 @@ from pydantic import (
 from traind.config import Section, read_toml
 from traind.errors import ConfigError
 from traind.launch.base import Constraints
+from traind.launch.credentials import api_key, assignment_key, toml_key
 from traind.launch.packages import traind_requirements
 from traind.layout.keys import check_component
 from traind.util.units import Duration
@@ -122,28 +122,77 @@ class PullSection(Section):
     dir: LocalPath = Field(default=Path("checkpoints"), validate_default=True)
 
 
-class VastSection(Section):
+class CloudSection(Section):
+    """What every rented-instance backend shares: polling, SSH into the instance, teardown,
+    and (for the HTTP APIs) request timeouts and retries."""
+
+    ssh_user: str = "root"
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    poll_interval: Duration = 5.0
+    teardown_timeout: Duration = 300.0
+    request_timeout: Duration = 30.0
+    retries: int = Field(default=4, ge=0)
+    backoff_initial: Duration = 1.0
+    backoff_max: Duration = 20.0
+
+
+class VastSection(CloudSection):
     """``[vast]``: the vast.ai REST API."""
 
     api_key: SecretStr | None = None
     url: str = "https://console.vast.ai"
     verified_only: bool = True
     search_limit: int = Field(default=64, ge=1)
-    ssh_user: str = "root"
-    poll_interval: Duration = 5.0
-    request_timeout: Duration = 30.0
-    retries: int = Field(default=4, ge=0)
-    backoff_initial: Duration = 1.0
-    backoff_max: Duration = 20.0
 
     def key(self) -> SecretStr:
-        """The API key: from the file, else ``$VAST_API_KEY``."""
-        if self.api_key is not None:
-            return self.api_key
-        env = os.environ.get("VAST_API_KEY")
-        if not env:
-            raise ConfigError(["vast.api_key: missing (set it or export VAST_API_KEY)"])
-        return SecretStr(env)
+        """The API key: from the file, else ``$VAST_API_KEY``, else the vastai CLI's file."""
+        return api_key(self.api_key, "vast", "VAST_API_KEY",
+                       [Path("~/.config/vastai/vast_api_key"), Path("~/.vast_api_key")])
+
+
+class RunPodSection(CloudSection):
+    """``[runpod]``: RunPod's REST API v2 (pods)."""
+
+    api_key: SecretStr | None = None
+    url: str = "https://api.runpod.io"
+    cloud: Literal["SECURE", "COMMUNITY"] = "SECURE"
+    data_centers: tuple[str, ...] = ()
+
+    def key(self) -> SecretStr:
+        """The API key: from the file, else ``$RUNPOD_API_KEY``, else runpodctl's config."""
+        return api_key(self.api_key, "runpod", "RUNPOD_API_KEY",
+                       [Path("~/.runpod/config.toml")], toml_key)
+
+
+class LambdaSection(CloudSection):
+    """``[lambda]``: Lambda Cloud's public REST API v1 (on-demand instances)."""
+
+    api_key: SecretStr | None = None
+    url: str = "https://cloud.lambda.ai"
+    ssh_user: str = "ubuntu"
+    regions: tuple[str, ...] = ()
+    request_interval: Duration = 1.0
+    launch_interval: Duration = 12.0
+
+    def key(self) -> SecretStr:
+        """The API key: from the file, else $LAMBDA_API_KEY, else ~/.lambda_cloud/lambda_keys."""
+        return api_key(self.api_key, "lambda", "LAMBDA_API_KEY",
+                       [Path("~/.lambda_cloud/lambda_keys")], assignment_key)
+
+
+class NebiusSection(CloudSection):
+    """``[nebius]``: Nebius AI Cloud through its Python SDK (gRPC). Credentials come from
+    ``$NEBIUS_IAM_TOKEN`` or the nebius CLI's profile (``~/.nebius/config.yaml``)."""
+
+    project_id: str = ""
+    subnet_id: str = ""
+    endpoint: str = ""
+    tls: bool = True
+    ssh_user: str = "ubuntu"
+    image_family: str = "ubuntu22.04-cuda12"
+    platforms: tuple[str, ...] = ()
+    disk_type: Literal["network_ssd", "network_ssd_non_replicated", "network_ssd_io_m3",
+                       "network_hdd"] = "network_ssd"
 
 
 class SSHHost(Section):
@@ -179,13 +228,16 @@ class LaunchConfig(Section):
     """The whole launch.toml."""
 
     name: str
-    backend: Literal["local", "ssh", "vast"]
+    backend: Literal["local", "ssh", "vast", "runpod", "lambda", "nebius"]
     run: RunSection
     constraints: ConstraintsSection = ConstraintsSection()
     host: HostSection = HostSection()
     install: InstallSection = Field(default_factory=InstallSection)  # checked when loaded
     pull: PullSection = PullSection()
     vast: VastSection = VastSection()
+    runpod: RunPodSection = RunPodSection()
+    lambda_: LambdaSection = Field(default=LambdaSection(), alias="lambda")
+    nebius: NebiusSection = NebiusSection()
     ssh: SSHSection = SSHSection()
 
     @field_validator("name")
@@ -197,6 +249,8 @@ class LaunchConfig(Section):
     def _backend_section(self) -> LaunchConfig:
         if self.backend == "ssh" and not self.ssh.hosts:
             raise ValueError('backend = "ssh" needs at least one [[ssh.hosts]] entry')
+        if self.backend == "nebius" and not self.nebius.subnet_id:
+            raise ValueError('backend = "nebius" needs [nebius] subnet_id (nebius vpc subnet list)')
         return self
 
     def remote_root(self, name: str | None = None) -> str:
@@ -208,7 +262,8 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> LaunchConfig:
     """Read and validate launch.toml; raise ConfigError listing every problem."""
     data = read_toml(path)
     data.update(overrides or {})
-    for section in ("constraints", "host", "install", "pull", "vast", "ssh"):
+    for section in ("constraints", "host", "install", "pull", "vast", "runpod", "lambda",
+                    "nebius", "ssh"):
         data.setdefault(section, {})  # validated here, so default paths resolve beside the file
     try:
         return LaunchConfig.model_validate(data, context={"base": path.resolve().parent})

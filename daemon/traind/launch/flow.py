@@ -183,7 +183,7 @@ def _public_key(cfg: LaunchConfig) -> str:
     try:
         return path.read_text().strip()
     except OSError as exc:
-        if cfg.backend == "vast":
+        if cfg.backend not in ("local", "ssh"):  # a rented host gets our key from its provider
             raise LaunchError(f"cannot read the public key {path}: {exc.strerror or exc}") from exc
         return ""
 

@@ -1,4 +1,4 @@
-"""Adapters by name, imported only when chosen (a vast user never imports asyncssh's users)."""
+"""Adapters by name, imported only when chosen (a vast user never imports the nebius SDK)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ BACKENDS = {
     "local": "traind.launch.local:LocalBackend",
     "ssh": "traind.launch.ssh:SSHBackend",
     "vast": "traind.launch.vast:VastBackend",
+    "runpod": "traind.launch.runpod:RunPodBackend",
+    "lambda": "traind.launch.lambdacloud:LambdaBackend",
+    "nebius": "traind.launch.nebius_cloud:NebiusBackend",
 }
 
 
@@ -24,5 +27,7 @@ def open_backend(config: LaunchConfig, store: LaunchStore) -> HostBackend:
     elif config.backend == "ssh":
         backend = cls(config.ssh, store, config.host.ssh_key)
     else:
-        backend = cls(config.vast, store, config.host.ssh_key)
+        section = {"vast": config.vast, "runpod": config.runpod, "lambda": config.lambda_,
+                   "nebius": config.nebius}[config.backend]
+        backend = cls(section, store, config.host.ssh_key)
     return backend

@@ -106,7 +106,7 @@ async def test_search_filters_and_ranks(
     assert q["gpu_name"] == {"in": ["RTX 4090"]}
     assert q["dph_total"] == {"lte": 0.5}
     assert q["rentable"] == {"eq": True}
-    assert [e["event"] for e in logs] == ["vast_api_retry", "launch_offers"]  # 503 retried
+    assert [e["event"] for e in logs] == ["launch_api_retry", "launch_offers"]  # 503 retried
     assert API_KEY not in repr(logs)
 
 

@@ -1,0 +1,174 @@
+"""What the ``traind launch`` end-to-end tests share: the launcher run as a child process, a
+project (code, a traind.toml training a tiny TRL run, a launch.toml) and the cleanup of what a
+failed test left running."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.support.tiny_train import QUIET_ENV, train_command
+
+
+class Launcher:
+    """``python -m traind launch ...`` in its own process group; output collected."""
+
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "traind", "launch", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for t in self._readers:
+            t.start()
+
+    @staticmethod
+    def _read(stream: object, into: list[str]) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            into.append(line.rstrip("\n"))
+
+    def wait_out(self, predicate: Callable[[str], bool], timeout: float) -> str:
+        """The first stdout line matching ``predicate``, waiting up to ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = next((line for line in list(self.out) if predicate(line)), None)
+            if found is not None:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no such line; stderr tail:\n{self.tail()}")
+
+    def wait(self, timeout: float) -> int:
+        """The exit status, waiting up to ``timeout`` seconds."""
+        code = self.proc.wait(timeout=timeout)
+        for t in self._readers:
+            t.join(timeout=5)
+        return code
+
+    def events(self) -> list[dict[str, object]]:
+        """The launcher's own structured log events (stderr, JSON)."""
+        found = []
+        for line in self.err:
+            with contextlib.suppress(ValueError):
+                found.append(json.loads(line))
+        return found
+
+    def tail(self) -> str:
+        return "\n".join([*self.err[-25:], "--- stdout ---", *self.out[-25:]])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+def committed(line: str, step: int | None = None) -> bool:
+    """Whether ``line`` is traind's checkpoint_committed event (for ``step``)."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return False
+    return event.get("event") == "checkpoint_committed" and step in (None, event.get("step"))
+
+
+def kill_traind(remote: Path) -> None:
+    """Kill the launched traind and its trainer if they still run (cleanup after a failure)."""
+    for pidfile in (remote / "launches").glob("*/traind.pid"):
+        with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
+            os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+    for pid in trainer_pids(remote / "out"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def trainer_pids(output_dir: Path) -> list[int]:
+    """Processes whose command line names ``output_dir`` (the tiny trainer's)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and str(output_dir) in (proc / "cmdline").read_text():
+                found.append(int(proc.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def project(tmp_path: Path, *, max_steps: int, backend_toml: str, extra: str = "") -> Path:
+    """A run's code, its traind config (trainer = the tiny TRL script) and a launch.toml."""
+    remote = tmp_path / "remote"
+    code = tmp_path / "project" / "code"
+    (code / ".git").mkdir(parents=True)
+    (code / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (code / "README").write_text("the run's code\n")
+    trainer = train_command(remote / "out", max_steps=max_steps, save_steps=1, step_sleep=1.0)
+    env = ", ".join(f'{k} = "{v}"' for k, v in QUIET_ENV.items())
+    (tmp_path / "project" / "traind.toml").write_text(f"""
+[run]
+name = "tiny"
+output_dir = "{remote / "out"}"
+state_dir = "{remote / "state"}"
+stop_timeout = "10s"
+
+[checkpoints]
+settle = "1s"
+poll_interval = "200ms"
+
+[storage]
+type = "local"
+path = "{remote / "store"}"
+
+[status]
+enabled = false
+
+[trainer]
+command = {json.dumps(trainer)}
+env = {{ {env} }}
+first_progress_timeout = "120s"
+""")
+    launch = tmp_path / "project" / "launch.toml"
+    launch.write_text(f"""
+name = "tiny"
+{backend_toml}
+
+[run]
+code_dir = "code"
+traind_config = "traind.toml"
+remote_dir = "{remote / "launches"}"
+
+[constraints]
+num_gpus = 0
+
+[install]
+python = "{sys.executable}"
+venv = false
+service = "nohup"
+step_timeout = "90s"
+stop_timeout = "20s"
+
+[pull]
+dir = "{tmp_path / "pulled"}"
+{extra}
+""")
+    return launch
