@@ -1,15 +1,16 @@
-"""The streamer's between-files claim check never renews twice at once, however slow the
-store's renewal is and however many files finish meanwhile."""
+"""The claim keeper's between-files claim check never renews twice at once, however slow
+the store's renewal is and however many files finish meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
-from traind.checkpoints import streamer
-from traind.checkpoints.streamer import Streamer
+from traind.checkpoints import keeper
+from traind.layout.manifest import Writer
+from traind.protocol import CheckpointStore
 
 
 class SlowRenewals:
@@ -34,11 +35,10 @@ def test_renewals_of_a_slow_store_never_overlap(monkeypatch: pytest.MonkeyPatch)
     """Files finishing every 10 ms while a renewal takes 200 ms (checks due every 20 ms):
     one renewal at a time (two racing compare-and-swaps would fail one as 'changed while
     renewed' and stop the upload), and renewals still happen."""
-    monkeypatch.setattr(streamer, "CLAIM_CHECK_EVERY", 0.02)
+    monkeypatch.setattr(keeper, "CLAIM_CHECK_EVERY", 0.02)
     store = SlowRenewals()
-    owner = SimpleNamespace(storage=store, _renewing=asyncio.Lock())
-    owner._renew = lambda tag, writer: Streamer._renew(owner, tag, writer)
-    check = Streamer._still_ours(owner, "checkpoint-1", object())
+    claims = keeper.ClaimKeeper(lambda: cast(CheckpointStore, store), 600.0)
+    check = claims.still_ours("checkpoint-1", Writer("a" * 32, "host"))
 
     async def main() -> None:
         async def file_finishes(delay: float) -> None:

@@ -82,6 +82,7 @@ class Daemon:
             coalesce_every=(settings.retention.keep_every_steps or 0
                             if isinstance(settings.storage, HFStorage)
                             and settings.storage.coalesce else None),
+            on_staged=self._staged,
         )
         self.supervisor: Supervisor | None = None
         self.watcher: Watcher | None = None
@@ -97,7 +98,6 @@ class Daemon:
             parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
             settings.checkpoints.pattern,
         )
-        self.streamer.on_staged = self._staged
         self.observer.retention = lambda: self.settings.retention
         self.observer.prunes_remote = self.node.rank == 0
         self.observer.metrics.set_disk(lambda: _free(self.settings.run.output_dir),

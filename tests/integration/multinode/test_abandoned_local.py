@@ -15,7 +15,8 @@ from tests.integration.multinode.test_parts_local import dcp_job, event, host_co
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
+from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.layout.markers import EXPLICIT_MARKER
 from traind.util.nodes import NodeRank

@@ -13,7 +13,8 @@ from tests.support.sessions import RecordingSession
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import PartsGoneError, PartsPendingError, Streamer
+from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
 from traind.layout.manifest import Manifest, Writer

@@ -15,7 +15,8 @@ from tests.support.seaweed import SeaweedS3
 
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import PartsPendingError, Streamer
+from traind.checkpoints.lifecycle import PartsPendingError
+from traind.checkpoints.streamer import Streamer
 from traind.config import S3Storage
 from traind.protocol import CheckpointStore
 from traind.util.nodes import NodeRank
