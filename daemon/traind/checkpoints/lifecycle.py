@@ -85,12 +85,6 @@ STEPS: tuple[tuple[type[BaseException], Step], ...] = (
 )
 """An attempt's exception → the step it leads to; the first matching type decides."""
 
-FINAL = frozenset({Step.COMMITTED, Step.PARTS_GONE, Step.PARTS_DISAGREE, Step.CONFLICT,
-                   Step.REWRITTEN})
-"""Steps after which the checkpoint is no longer pending (rewritten: the watcher has it
-again; stopped: pending or parked, as the streamer decides)."""
-
-
 def step_after(exc: BaseException | None) -> Step | None:
     """The step an attempt that raised ``exc`` (None: it committed) leads to; None for an
     exception that is no step of a checkpoint's (a bug: raised on)."""
