@@ -29,6 +29,7 @@ from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.lfs import post_lfs_batch_info
 from huggingface_hub.utils._headers import build_hf_headers
 from huggingface_hub.utils._http import get_session, hf_raise_for_status
+from huggingface_hub.utils._runtime import is_xet_available
 
 from traind.config import HFStorage
 from traind.errors import IntegrityError, MissingFilesError, StorageError, TransientStorageError
@@ -346,9 +347,11 @@ class HFStore:
     async def _verify_uploaded(self, prefix: str, ops: Sequence[CommitOperationAdd]) -> None:
         """Ask the LFS batch API that the bytes of every pre-uploaded LFS file are on the
         Hub with their size (it answers with an upload action for any that are not):
-        MissingFilesError names those, which are then sent again."""
+        MissingFilesError names those, which are then sent again. Bytes the library sent
+        through Xet are not asked after here (that is not the LFS protocol): the commit is
+        the check then, the Hub refusing one that names bytes it does not hold."""
         lfs = [op for op in ops if op._upload_mode == "lfs"]  # set by the pre-upload
-        if not lfs:
+        if not lfs or is_xet_available():  # the library's own choice of transport
             return
         answer = await self._call(
             "lfs_batch", prefix, post_lfs_batch_info, upload_infos=[op.upload_info for op in lfs],
