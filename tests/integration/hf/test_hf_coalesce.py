@@ -14,7 +14,6 @@ from structlog.testing import capture_logs
 from tests.conformance.conftest import hf_config
 from tests.support.checkpoints import run_in, write_checkpoint
 from tests.support.fake_hub import FakeHub, running_hub
-from tests.support.requires import need_module
 
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
@@ -22,10 +21,8 @@ from traind.protocol import open_storage
 
 
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+def hub() -> Iterator[FakeHub]:
     """A stand-in allowing two commits per two seconds."""
-    need_module("huggingface_hub")
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
     with running_hub(FakeHub(commit_budget=2, window=2.0)) as server:
         yield server
 

@@ -14,7 +14,6 @@ from structlog.testing import capture_logs
 from tests.conformance.conftest import hf_config
 from tests.support.checkpoints import run_in, write_checkpoint
 from tests.support.fake_hub import FakeHub, running_hub
-from tests.support.requires import need_module
 from tests.support.waits import until
 
 from traind.checkpoints import recovery
@@ -27,10 +26,8 @@ REPO = "traind/restart"
 
 
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+def hub() -> Iterator[FakeHub]:
     """A stand-in allowing one commit per ten minutes, until the test lifts the limit."""
-    need_module("huggingface_hub")
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
     with running_hub(FakeHub(commit_budget=1, window=600.0)) as server:
         yield server
 

@@ -14,22 +14,20 @@ import pytest
 from structlog.testing import capture_logs
 from tests.conformance.conftest import hf_config
 from tests.conformance.test_primitives import _write
+from tests.conformance.test_protocol import _upload
 from tests.support.fake_hub import READ_TOKEN, FakeHub, running_hub
-from tests.support.requires import need_module
 from tests.support.sessions import RecordingSession as Session
 
 from traind.errors import IntegrityError, MissingFilesError, StorageError
-from traind.layout.manifest import FileEntry, Manifest, Writer
+from traind.layout.manifest import Manifest, Writer
 from traind.protocol import CheckpointStore
 from traind.storage import LocalFile, ObjectStore, open_objects
 from traind.storage.base import CREATE, StagingStore
 
 
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+def hub() -> Iterator[FakeHub]:
     """A fresh stand-in per test, its commit budget two per two seconds."""
-    need_module("huggingface_hub")
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
     with running_hub(FakeHub(commit_budget=2, window=2.0, max_file_size=4096)) as server:
         yield server
 
@@ -46,24 +44,25 @@ async def _sent(store: ObjectStore, prefix: str, root: Path, files: list[LocalFi
     assert await store.publish(prefix, files, "test: the files alone")
 
 
+def _hashes(manifest: Manifest) -> dict[str, str]:
+    return {f.path: f.sha256 for f in manifest.files}
+
+
 async def test_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
     """Claiming, sending and committing a checkpoint makes one Hub commit (the pre-upload,
     then one create_commit of its files and manifest) naming the tag, writer and host; the
     Hub's LFS sha256 is the one traind reports."""
     repo = _repo()
     store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
-    files = _write(tmp_path, {"model.safetensors": b"\1" * 3000, "trainer_state.json": b"{}",
-                              "sub/opt.pt": b"\2" * 100})
     writer = Writer("c" * 32, "host-c")
-    session = Session()
     async with asyncio.timeout(30):
         await store.probe()
         before = len(hub.commits("model", repo))
-        await store.claim("checkpoint-5", writer)
-        await store.upload("checkpoint-5", tmp_path, files, session)
+        manifest = await _upload(store, tmp_path, {
+            "model.safetensors": b"\1" * 3000, "trainer_state.json": b"{}",
+            "sub/opt.pt": b"\2" * 100}, writer, "checkpoint-5")
         assert len(hub.commits("model", repo)) == before  # staged: nothing visible yet
-        entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
-        await store.commit(Manifest("run", "checkpoint-5", 5, entries, writer=writer))
+        await store.commit(manifest)
     history = hub.commits("model", repo)
     assert len(history) == before + 1
     assert history[0].message.startswith(f"traind run: commit checkpoint-5 of writer {writer}")
@@ -72,7 +71,7 @@ async def test_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
         f"ckpts/run/checkpoint-5/{n}" for n in (
             "model.safetensors", "sub/opt.pt", "trainer_state.json", "traind-manifest.json"))
     entry = history[0].tree["ckpts/run/checkpoint-5/model.safetensors"]
-    assert entry.lfs == session.done["model.safetensors"]
+    assert entry.lfs == _hashes(manifest)["model.safetensors"]
 
 
 async def test_bytes_the_hub_lost_before_the_commit_are_sent_again(
@@ -82,21 +81,19 @@ async def test_bytes_the_hub_lost_before_the_commit_are_sent_again(
     again, the checkpoint commits."""
     repo = _repo()
     store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
-    files = _write(tmp_path, {"a.safetensors": b"\3" * 4000, "b.safetensors": b"\4" * 500})
     writer = Writer("d" * 32, "host-d")
-    session = Session()
     async with asyncio.timeout(30):
-        await store.claim("checkpoint-3", writer)
-        await store.upload("checkpoint-3", tmp_path, files, session)
-        entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
-        manifest = Manifest("run", "checkpoint-3", 3, entries, writer=writer)
+        manifest = await _upload(store, tmp_path, {
+            "a.safetensors": b"\3" * 4000, "b.safetensors": b"\4" * 500}, writer,
+            "checkpoint-3")
         with hub.lock:
-            del hub.lfs[session.done["b.safetensors"]]
+            del hub.lfs[_hashes(manifest)["b.safetensors"]]
         with pytest.raises(MissingFilesError) as missing:
             await store.commit(manifest)
         assert missing.value.paths == ["b.safetensors"]
         assert await store.committed("checkpoint-3") is None
-        await store.upload("checkpoint-3", tmp_path, files[1:], Session())
+        await store.upload("checkpoint-3", tmp_path, [LocalFile("b.safetensors", 500)],
+                           Session())
         await store.commit(manifest)
         assert await store.committed("checkpoint-3") == manifest
 
@@ -106,14 +103,11 @@ async def test_pruning_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) 
     folder is gone from the branch."""
     repo = _repo()
     store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
-    files = _write(tmp_path, {"a.bin": b"\1" * 2000, "b.json": b"{}"})
     writer = Writer("b" * 32, "host-b")
-    session = Session()
     async with asyncio.timeout(30):
-        await store.claim("checkpoint-2", writer)
-        await store.upload("checkpoint-2", tmp_path, files, session)
-        entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
-        await store.commit(Manifest("run", "checkpoint-2", 2, entries, writer=writer))
+        await store.commit(await _upload(store, tmp_path, {"a.bin": b"\1" * 2000,
+                                                           "b.json": b"{}"}, writer,
+                                         "checkpoint-2"))
         before = len(hub.commits("model", repo))
         await store.delete("checkpoint-2")
         left = await store.manifests()
@@ -165,11 +159,9 @@ async def test_the_hubs_errors_are_storage_errors(hub: FakeHub, tmp_path: Path) 
     assert "maximum size" in str(too_big.value)
 
 
-async def test_api_calls_past_the_window_wait_for_the_reset(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+async def test_api_calls_past_the_window_wait_for_the_reset() -> None:
     """Past the Hub's API calls per window (429 with RateLimit) reads and writes wait the
     reset out and still succeed."""
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
     with running_hub(FakeHub(api_budget=6, api_window=2.0)) as hub:
         store = open_objects(hf_config(hub, _repo()), "run")
         with capture_logs() as logs:
@@ -222,23 +214,19 @@ async def test_checkpoints_on_a_branch_of_their_own(hub: FakeHub, tmp_path: Path
     repo = _repo()
     config = hf_config(hub, repo, revision="traind-ckpts")
     store = CheckpointStore(open_objects(config, "run"))
-    files = _write(tmp_path, {"m.safetensors": b"\5" * 2500})
     writer = Writer("e" * 32, "host-e")
-    session = Session()
     with capture_logs() as logs:
         async with asyncio.timeout(30):
             await store.probe()
-            await store.claim("checkpoint-8", writer)
-            await store.upload("checkpoint-8", tmp_path, files, session)
-            entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
-            manifest = Manifest("run", "checkpoint-8", 8, entries, writer=writer)
+            manifest = await _upload(store, tmp_path, {"m.safetensors": b"\5" * 2500}, writer,
+                                     "checkpoint-8")
             await store.commit(manifest)
             listed = await store.manifests()
             back = await store.download(manifest, tmp_path / "back", lambda n: None)
             on_main = await CheckpointStore(open_objects(hf_config(hub, repo), "run")).manifests()
     assert [e["branch"] for e in logs if e["event"] == "hf_branch_created"] == ["traind-ckpts"]
     assert listed == [manifest]
-    assert back == session.done
+    assert back == _hashes(manifest)
     assert on_main == []
     assert not [p for p in hub.head("model", repo).tree if "checkpoint-8" in p]
     assert "ckpts/run/checkpoint-8/traind-manifest.json" in hub.head(

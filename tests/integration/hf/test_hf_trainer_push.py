@@ -25,11 +25,10 @@ REPO = "traind/pushed"
 
 
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+def hub() -> Iterator[FakeHub]:
     """A stand-in for one test."""
     for module in ("huggingface_hub", "transformers", "trl"):
         need_module(module)
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)
     with running_hub() as server:
         yield server
 
