@@ -130,7 +130,7 @@ def whole_commands(server: SSHServer, ckpt: Path, dest: Path, state: Path,
     opts = ssh_options(server)
     rsh = shlex.join(["ssh", "-p", str(server.port), *opts])
     checkouts = {"traind push": REPO, **{f"traind push ({o})": o.resolve() for o in against}}
-    traind = {}
+    traind: dict[str, list[str]] = {}
     for name, checkout in checkouts.items():
         for transfer in ("sftp", "openssh", "rsync"):
             config = state.parent / f"push-{len(traind)}.toml"
@@ -246,7 +246,8 @@ def run(args: argparse.Namespace) -> None:
                 cmds = whole_commands(server, ckpt, dest, state, args.against)
             else:
                 cmds = commands(server, ckpt, dest, config, args.against)
-            selected = {k: v for k, v in cmds.items() if not args.only or args.only in k}
+            only = [o for o in (args.only or "").split(",") if o]
+            selected = {k: v for k, v in cmds.items() if not only or any(o in k for o in only)}
             for rep in range(args.repeat):
                 for tool, argv in selected.items():
                     shutil.rmtree(dest, ignore_errors=True)
@@ -361,7 +362,8 @@ def main() -> None:
     parser.add_argument("--size", type=parse_size, default=4 * 1024**3,
                         help="checkpoint size, e.g. 1GiB (default 4GiB)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool (median shown)")
-    parser.add_argument("--only", help="run only tools whose name contains this")
+    parser.add_argument("--only", help="run only tools whose name contains one of these "
+                                           "(comma-separated)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     parser.add_argument("--workdir", default=None, help="where to put the data (default: tmp)")
     parser.add_argument("--shards", type=int, default=2,
