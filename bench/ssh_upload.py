@@ -20,6 +20,13 @@ traind also computes sha256 of every byte and fsyncs each file before renaming i
 the commit before a change), its rows taking turns with this checkout's in the same run:
 this script's worker with that checkout's ``daemon/`` first on the path, so only the
 daemon's code differs (the worker uses whichever SSH store API that checkout has).
+
+``--whole`` times whole commands instead, as a user meets them: ``traind push`` (start-up,
+config, connecting, the claim, the upload, the commit and the exit) against ``rsync -a``
+and ``scp -r`` of the same directory to the same sshd, each from its start to its exit,
+reported as the best and the median of ``--repeat`` runs:
+
+    python bench/ssh_upload.py --whole --size 1GiB --shards 5 --repeat 5
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ sys.path.insert(0, str(REPO))
 from bench.inside import journal_session, read, recorded  # noqa: E402
 from tests.support.sshd import HOST, SSHServer, descendants  # noqa: E402
 
+from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME  # noqa: E402
 from traind.util.units import format_size, parse_size  # noqa: E402
 
 GCM = "aes128-gcm@openssh.com"
@@ -64,12 +72,13 @@ class Result:
     startup: float = 0.0
 
 
-def make_checkpoint(root: Path, total: int) -> int:
-    """Write two incompressible halves of ``total`` bytes plus small json files; return bytes."""
+def make_checkpoint(root: Path, total: int, shards: int = 2) -> int:
+    """Write ``shards`` incompressible equal parts of ``total`` bytes plus three small json
+    files; return the bytes written."""
     root.mkdir(parents=True)
-    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
-        with open(root / name, "wb") as f:
-            left = total // 2
+    for n in range(1, shards + 1):
+        with open(root / f"model-{n:05d}-of-{shards:05d}.safetensors", "wb") as f:
+            left = total // shards
             while left:
                 n = min(left, 64 * 1024**2)
                 f.write(os.urandom(n))
@@ -112,6 +121,42 @@ def commands(server: SSHServer, ckpt: Path, dest: Path, config: Path,
             "rsync", "-a", "-e", rsh_gcm, str(ckpt), f"{HOST}:{dest}/"
         ],
     }
+
+
+def whole_commands(server: SSHServer, ckpt: Path, dest: Path, state: Path,
+                   against: list[Path]) -> dict[str, list[str]]:
+    """Whole commands, by name: ``traind push`` in each transfer mode (this checkout's, and
+    each checkout's in ``against``), ``rsync -a`` and ``scp -r``, all to ``dest``."""
+    opts = ssh_options(server)
+    rsh = shlex.join(["ssh", "-p", str(server.port), *opts])
+    checkouts = {"traind push": REPO, **{f"traind push ({o})": o.resolve() for o in against}}
+    traind: dict[str, list[str]] = {}
+    for name, checkout in checkouts.items():
+        for transfer in ("sftp", "openssh", "rsync"):
+            config = state.parent / f"push-{len(traind)}.toml"
+            config.write_text(push_config(server, dest, state, transfer))
+            traind[f"{name} {transfer}"] = [
+                "env", f"PYTHONPATH={checkout / 'daemon'}", sys.executable, "-m", "traind",
+                "push", "-q", "-c", str(config), str(ckpt)]
+    return {
+        **traind,
+        "rsync -a": ["rsync", "-a", "-e", rsh, str(ckpt), f"{HOST}:{dest}/"],
+        "scp -r": ["scp", "-q", "-r", "-P", str(server.port), *opts, str(ckpt),
+                   f"{HOST}:{dest}/"],
+    }
+
+
+def push_config(server: SSHServer, dest: Path, state: Path, transfer: str) -> str:
+    """A traind config pushing to ``dest`` on ``server`` (the SSH store's defaults but
+    ``transfer``), its journal and staging in ``state``."""
+    return (
+        f'[run]\nname = "bench"\noutput_dir = "{state.parent / "out"}"\n'
+        f'state_dir = "{state}"\n'
+        f'[storage]\ntype = "ssh"\nhost = "{HOST}"\nport = {server.port}\n'
+        f'user = "{server.user}"\nidentity_file = "{server.user_key.path}"\n'
+        f'known_hosts = "{server.known_hosts}"\nremote_path = "{dest.parent}"\n'
+        f'transfer = "{transfer}"\n'
+    )
 
 
 def measure(tool: str, argv: list[str], server: SSHServer, timeout: float) -> Result:
@@ -169,10 +214,10 @@ def _tree_cpu(server: SSHServer) -> float:
 
 
 def stored_bytes(dest: Path) -> int:
-    """Bytes of regular files under ``dest`` (excluding traind's manifest)."""
+    """Bytes of regular files under ``dest`` (excluding traind's manifest and claim)."""
     return sum(
         p.stat().st_size for p in dest.rglob("*")
-        if p.is_file() and p.name != "traind-manifest.json"
+        if p.is_file() and p.name not in (MANIFEST_NAME, CLAIM_NAME)
     )
 
 
@@ -183,7 +228,7 @@ def run(args: argparse.Namespace) -> None:
         tmp = Path(tmp_)
         print(f"writing a {format_size(args.size)} checkpoint ...", flush=True)
         ckpt = tmp / "checkpoint-1000"
-        total = make_checkpoint(ckpt, args.size)
+        total = make_checkpoint(ckpt, args.size, args.shards)
         server = SSHServer(sshd, tmp / "sshd")
         dest = tmp / "remote"
         config = tmp / "traind.json"
@@ -194,19 +239,26 @@ def run(args: argparse.Namespace) -> None:
         }))
         server.start_sync()
         results: dict[str, list[Result]] = {}
+        state = tmp / "state"
         try:
-            cmds = commands(server, ckpt, dest, config, args.against)
-            selected = {k: v for k, v in cmds.items() if not args.only or args.only in k}
+            if args.whole:  # traind stores under remote_path/<run>/<tag>: dest is that run's
+                dest = tmp / "remote" / "bench"
+                cmds = whole_commands(server, ckpt, dest, state, args.against)
+            else:
+                cmds = commands(server, ckpt, dest, config, args.against)
+            only = [o for o in (args.only or "").split(",") if o]
+            selected = {k: v for k, v in cmds.items() if not only or any(o in k for o in only)}
             for rep in range(args.repeat):
                 for tool, argv in selected.items():
                     shutil.rmtree(dest, ignore_errors=True)
-                    dest.mkdir()
+                    shutil.rmtree(state, ignore_errors=True)
+                    dest.mkdir(parents=True)
                     subprocess.run(["sync"], check=True, timeout=300)
                     r = measure(tool, argv, server, timeout=args.timeout)
-                    if tool.startswith("traind"):
+                    if tool.startswith("traind") and not args.whole:
                         wall, cpu = read(config.with_suffix(".result"))
                         r = replace(r, seconds=wall, cpu=cpu, startup=r.seconds - wall)
-                    got = stored_bytes(dest)
+                    got = stored_bytes(dest / "checkpoint-1000" if args.whole else dest)
                     if got != total:
                         raise RuntimeError(f"{tool} stored {got} bytes, expected {total}")
                     results.setdefault(tool, []).append(r)
@@ -214,7 +266,10 @@ def run(args: argparse.Namespace) -> None:
                           f"{total / 1e6 / r.seconds:7.0f} MB/s", flush=True)
         finally:
             server.stop_sync()
-    print_table(results, total, args.size)
+    if args.whole:
+        print_whole(results, total, args.size)
+    else:
+        print_table(results, total, args.size)
 
 
 def print_table(results: dict[str, list[Result]], total: int, size: int) -> None:
@@ -236,6 +291,32 @@ def print_table(results: dict[str, list[Result]], total: int, size: int) -> None
     if startups:
         print(f"\ntraind rows exclude process start-up and imports "
               f"(~{max(startups):.2f} s wall per run), paid once by the daemon.")
+
+
+def print_whole(results: dict[str, list[Result]], total: int, size: int) -> None:
+    """Each whole command's best and median wall time, its MB/s at best, its client CPU;
+    then traind's best mode against the best peer."""
+    runs = len(next(iter(results.values())))
+    print(f"\ncheckpoint {format_size(size)} ({total} bytes), loopback sshd, {os.cpu_count()} "
+          f"CPUs; whole commands, start to exit, best and median of {runs} runs\n")
+    print("| command                        | best s | median s | MB/s at best "
+          "| client CPU s | sshd CPU s |")
+    print("|--------------------------------|-------:|---------:|-------------:"
+          "|-------------:|-----------:|")
+    best = {tool: min(rs, key=lambda r: r.seconds) for tool, rs in results.items()}
+    for tool, rs in results.items():
+        ordered = sorted(rs, key=lambda r: r.seconds)
+        b, median = ordered[0], ordered[len(ordered) // 2]
+        print(f"| {tool:30s} | {b.seconds:6.2f} | {median.seconds:8.2f} "
+              f"| {total / 1e6 / b.seconds:12.0f} | {median.cpu:12.2f} "
+              f"| {median.server_cpu:10.2f} |")
+    ours = {t: r for t, r in best.items() if t.startswith("traind push ") and "(" not in t}
+    peers = {t: r for t, r in best.items() if not t.startswith("traind")}
+    if ours and peers:
+        tool, mine = min(ours.items(), key=lambda kv: kv[1].seconds)
+        peer, theirs = min(peers.items(), key=lambda kv: kv[1].seconds)
+        print(f"\nbest traind ({tool}) {mine.seconds:.2f} s against the best peer ({peer}) "
+              f"{theirs.seconds:.2f} s: {theirs.seconds / mine.seconds:.2f}x its speed")
 
 
 def open_ssh(config: Any) -> Any:
@@ -281,9 +362,14 @@ def main() -> None:
     parser.add_argument("--size", type=parse_size, default=4 * 1024**3,
                         help="checkpoint size, e.g. 1GiB (default 4GiB)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool (median shown)")
-    parser.add_argument("--only", help="run only tools whose name contains this")
+    parser.add_argument("--only", help="run only tools whose name contains one of these "
+                                           "(comma-separated)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     parser.add_argument("--workdir", default=None, help="where to put the data (default: tmp)")
+    parser.add_argument("--shards", type=int, default=2,
+                        help="large files the size is split into (default 2), plus 3 small")
+    parser.add_argument("--whole", action="store_true",
+                        help="time whole commands: traind push against rsync -a and scp -r")
     parser.add_argument("--against", type=Path, action="append", default=[], metavar="DIR",
                         help="also time traind from another checkout (repeatable)")
     parser.add_argument("--worker", nargs=3, metavar=("CONFIG", "CKPT", "TRANSFER"),

@@ -4,31 +4,24 @@ prune."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import math
 import os
-import signal
 import sys
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import structlog
-from structlog.typing import Processor
-
-from traind import __version__, config
+from traind import __version__
 from traind.errors import ConfigError, JournalError, TraindError
-from traind.launch.cli import add_launch_parser
-from traind.launch.cli import handle as _launch
 from traind.util import logs
+from traind.util.configfile import DEFAULT_CONFIG, config_path, path_arg
 
 if TYPE_CHECKING:
+    from structlog.typing import Processor
+
+    from traind.config import Settings
     from traind.layout.manifest import Manifest
     from traind.protocol import CheckpointStore
-
-log = structlog.get_logger("traind.cli")
 
 EXAMPLES = {
     "run": "examples:\n  traind run -c /etc/traind/traind.toml\n"
@@ -62,7 +55,12 @@ EXAMPLES = {
     "the default.",
 }
 
-Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+Handler = Callable[[argparse.Namespace], int | Coroutine[Any, Any, int]]
+"""A command: its exit status, or a coroutine to run in an event loop for it (only the
+commands that need one import asyncio)."""
+
+LAUNCH_SUMMARY = "Rent or reach a GPU host, run traind there, bring checkpoints back, tear down."
+"""``launch``'s line in ``traind --help`` when its parser is not built (as launch.cli words it)."""
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -99,8 +97,9 @@ def _status_url(value: str) -> str:
     return parts.netloc
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
+def build_parser(launching: bool = True) -> argparse.ArgumentParser:
+    """The argument parser with every subcommand; without ``launching`` it knows ``launch``
+    by name only, which spares the launch package's imports to every other command."""
     parser = argparse.ArgumentParser(
         prog="traind",
         description="Supervise a training run and stream its checkpoints to storage, verifiably.",
@@ -169,7 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
-    add_launch_parser(sub)
+    if launching:
+        from traind.launch.cli import add_launch_parser
+
+        add_launch_parser(sub)
+    else:
+        sub.add_parser("launch", help=LAUNCH_SUMMARY)
     return parser
 
 
@@ -180,9 +184,9 @@ def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
         "-c",
         "--config",
         metavar="PATH",
-        type=config.path_arg,
+        type=path_arg,
         default=default,
-        help=f"config file (default: $TRAIND_CONFIG or {config.DEFAULT_CONFIG})",
+        help=f"config file (default: $TRAIND_CONFIG or {DEFAULT_CONFIG})",
     )
     parser.add_argument(
         "--log-level", choices=LEVELS, type=str.lower, default=default,
@@ -210,12 +214,18 @@ def configure_logs(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``traind`` console script."""
-    args = build_parser().parse_args(argv)
-    daemon = args.command == "run"
-    configure_logs(args, sys.stdout if daemon else sys.stderr)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(launching="launch" in words).parse_args(words)
+    if args.command != "status":  # it logs nothing: structlog stays unimported
+        configure_logs(args, sys.stdout if args.command == "run" else sys.stderr)
     handler: Handler = _HANDLERS[args.command]
     try:
-        return asyncio.run(handler(args))
+        result = handler(args)
+        if isinstance(result, int):
+            return result
+        import asyncio
+
+        return asyncio.run(result)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
@@ -254,15 +264,21 @@ def _explain(exc: BaseException, command: str) -> str:
     return str(exc)
 
 
-def _settings(args: argparse.Namespace) -> config.Settings:
-    return config.load(config.config_path(args.config))
+def _settings(args: argparse.Namespace) -> Settings:
+    from traind import config
+
+    return config.load(config_path(args.config))
 
 
 async def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from traind import config
     from traind.app.daemon import Daemon
     from traind.status.model import RecentErrors
 
-    path = config.config_path(args.config)
+    path = config_path(args.config)
     settings = config.load(path)
     recent = RecentErrors()
     configure_logs(args, sys.stdout, processors=[recent.processor])
@@ -277,28 +293,40 @@ async def _run(args: argparse.Namespace) -> int:
     return EXIT_UNSTORED if daemon.unstored else 0
 
 
-async def _status(args: argparse.Namespace) -> int:
-    from traind.status.client import status_command
-    from traind.status.locate import locate
+def _status(args: argparse.Namespace) -> int:
+    from traind.status.client import DaemonUnreachableError, fetch_status, status_command
+    from traind.status.locate import locate, named
 
     if args.url or args.socket:
         listen = args.url or f"unix:{args.socket.absolute()}"
-        return await status_command(listen, args.json, args.watch)
-    path = config.config_path(args.config)
+        return status_command(listen, args.json, args.watch)
+    path = config_path(args.config)
+    if (listen := named(path)) is not None:  # found there, the file need not be validated
+        try:
+            first = fetch_status(listen)
+        except DaemonUnreachableError:
+            pass  # the file may be a bad edit the daemon never read: validate it, look further
+        else:
+            return status_command(listen, args.json, args.watch, first=first)
+    from traind import config
+
     try:
         listen = config.load(path).status.listen
     except ConfigError as exc:  # a bad edit must not hide the daemon still running
         listen, origin = locate(path)
         print(f"traind: {path} is not a valid config ({len(exc.problems)} problem(s): "
               f"traind check-config -c {path}); asking {listen}, {origin}", file=sys.stderr)
-        return await status_command(listen, args.json, args.watch, found=origin)
-    return await status_command(listen, args.json, args.watch)
+        return status_command(listen, args.json, args.watch, found=origin)
+    return status_command(listen, args.json, args.watch)
 
 
 async def _check_config(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from traind import config
     from traind.protocol import open_storage
 
-    path = config.config_path(args.config)
+    path = config_path(args.config)
     settings = config.load(path)
     print(f"{path}: valid (run {settings.run.name}, storage {settings.storage.type})")
     if args.offline:
@@ -329,6 +357,8 @@ async def _list(args: argparse.Namespace) -> int:
     finally:
         await storage.aclose()
     if args.json:
+        import json
+
         rows = [
             {
                 "tag": m.tag,
@@ -343,6 +373,8 @@ async def _list(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(rows, indent=2))
         return 0
+    import time
+
     from traind.util.units import format_size
 
     now = time.time()
@@ -501,6 +533,12 @@ async def _push(args: argparse.Namespace) -> int:
     print(f"{manifest.tag}: committed ({len(manifest.files)} files, "
           f"{format_size(manifest.total_bytes)})")
     return 0
+
+
+async def _launch(args: argparse.Namespace) -> int:
+    from traind.launch.cli import handle
+
+    return await handle(args)
 
 
 async def _prune(args: argparse.Namespace) -> int:

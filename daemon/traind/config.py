@@ -7,7 +7,6 @@ problem in a bad file is reported at once, naming the key, the value and what is
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import tomllib
@@ -36,10 +35,12 @@ from pydantic_settings import (
 from traind.errors import ConfigError
 from traind.layout.keys import check_component
 from traind.util import nodes
-from traind.util.address import parse_listen
+from traind.util.address import DEFAULT_LISTEN, parse_listen
+from traind.util.configfile import DEFAULT_CONFIG as DEFAULT_CONFIG
+from traind.util.configfile import config_path as config_path
+from traind.util.configfile import path_arg as path_arg
 from traind.util.units import Duration, Floor, PositiveDuration, Size
 
-DEFAULT_CONFIG = Path("/etc/traind/traind.toml")
 ENV_PREFIX = "TRAIND_"
 
 
@@ -276,7 +277,7 @@ class RetentionConfig(Section):
 class StatusConfig(Section):
     """``[status]``: the local status server."""
 
-    listen: str = "127.0.0.1:9750"
+    listen: str = DEFAULT_LISTEN
     enabled: bool = True
 
     @field_validator("listen")
@@ -416,19 +417,6 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment overrides the file, which arrives as init arguments.
         return _EnvSource(settings_cls), init_settings
-
-
-def config_path(explicit: str | Path | None = None) -> Path:
-    """The config file to use: the explicit one, else ``$TRAIND_CONFIG``, else the default."""
-    return Path(explicit or os.environ.get("TRAIND_CONFIG") or DEFAULT_CONFIG)
-
-
-def path_arg(value: str) -> str:
-    """A ``-c/--config`` value (argparse ``type``): an empty one (``-c "$UNSET"``) must not
-    quietly mean the default file."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("empty path; give the config file's path")
-    return value
 
 
 def load(path: Path) -> Settings:

@@ -485,6 +485,39 @@ def test_status_url_and_socket_say_what_they_could_not_reach(tmp_path: Path) -> 
     assert "write http://HOST:PORT" in result.stderr
 
 
+HEAVY = ("asyncio", "aiohttp", "aiobotocore", "asyncssh", "pydantic", "pydantic_settings",
+         "structlog", "traind.config", "traind.launch")
+"""What a command that needs none of it must not import: each costs tens of milliseconds of
+start-up, and `traind --version` and `traind status` are typed often."""
+
+
+def imported(*args: str) -> set[str]:
+    """The packages and modules `traind ARGS` imports, as `python -X importtime` reports
+    them; the command must succeed."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "traind", *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    names = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+             if line.startswith("import time:") and "[us]" not in line}
+    return names | {n.split(".")[0] for n in names}
+
+
+def test_version_and_status_import_only_what_they_need(cfg: Path) -> None:
+    """`traind --version`, and `traind status` finding the daemon where the file says, import
+    no event loop, HTTP client library, pydantic, structlog or store library; `traind list`
+    of a local store imports no other store's library and not the launch package."""
+    assert imported("--version") & set(HEAVY) == set()
+    daemon = DaemonProcess(cfg)
+    try:
+        daemon.wait_for("status_server_started", timeout=60)
+        assert imported("status", "-c", str(cfg)) & set(HEAVY) == set()
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+    listed = imported("list", "-c", str(cfg))
+    assert listed & {"aiobotocore", "asyncssh", "aiohttp", "traind.launch"} == set()
+
+
 def test_run_names_the_node_rank_and_its_source(cfg: Path) -> None:
     """`traind run` with run.nodes = 2 says at start-up which rank it is and which scheduler
     variable gave it; with a [trainer] it then waits for node 0 (never started here) to

@@ -1,13 +1,18 @@
-"""``traind status``: ask the running daemon for ``/status`` and show it."""
+"""``traind status``: ask the running daemon for ``/status`` and show it.
+
+One GET at a time needs no event loop: this uses the standard library's blocking HTTP client,
+so the command imports neither asyncio nor aiohttp and starts as fast as a command typed
+often should.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import http.client
 import json
+import socket
 import sys
+import time
 from typing import TextIO, cast
-
-import aiohttp
 
 from traind.errors import TraindError
 from traind.status.model import StatusSnapshot
@@ -24,54 +29,72 @@ class DaemonUnreachableError(TraindError):
     """No traind answers at the status address."""
 
 
-async def fetch_status(listen: str) -> StatusSnapshot:
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the daemon's unix socket (``listen = "unix:/path"``)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("traind", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def fetch_status(listen: str) -> StatusSnapshot:
     """GET ``/status`` from the daemon listening at ``listen``; DaemonUnreachableError if
     nothing answers, TraindError if it answers with an error."""
     address = parse_listen(listen)
-    connector: aiohttp.BaseConnector
+    conn: http.client.HTTPConnection
     if isinstance(address, TCPAddress):
         host = _WILDCARDS.get(address.host, address.host)
-        url = f"http://{TCPAddress(host, address.port)}/status"
-        connector = aiohttp.TCPConnector()
+        conn = http.client.HTTPConnection(host, address.port, timeout=ANSWER_WITHIN)
     else:
-        url = "http://traind/status"
-        connector = aiohttp.UnixConnector(path=str(address.path))
+        conn = _UnixConnection(str(address.path), ANSWER_WITHIN)
     unreachable = (
         f"no traind answering at {address} — is the service running? `systemctl status traind`"
     )
     try:
-        async with (
-            aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=ANSWER_WITHIN)
-            ) as session,
-            session.get(url) as response,
-        ):
-            if response.status != 200:
-                text = (await response.text())[:500]
-                raise TraindError(f"traind at {address} answered {response.status}: {text}")
-            return cast(StatusSnapshot, await response.json())
+        conn.request("GET", "/status")
+        response = conn.getresponse()
+        body = response.read()
     except TimeoutError as exc:
         late = f"{unreachable} (no answer within {ANSWER_WITHIN:g}s)"
         raise DaemonUnreachableError(late) from exc
-    except aiohttp.ClientConnectorError as exc:
-        reason = exc.os_error.strerror or str(exc.os_error)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
         raise DaemonUnreachableError(f"{unreachable} ({reason.lower()})") from exc
-    except (aiohttp.ClientError, OSError) as exc:
-        raise DaemonUnreachableError(f"{unreachable} ({exc})") from exc
+    except http.client.HTTPException as exc:
+        raise DaemonUnreachableError(f"{unreachable} ({exc or type(exc).__name__})") from exc
+    finally:
+        conn.close()
+    if response.status != 200:
+        text = body.decode(errors="replace")[:500]
+        raise TraindError(f"traind at {address} answered {response.status}: {text}")
+    try:
+        return cast(StatusSnapshot, json.loads(body))
+    except ValueError as exc:
+        raise TraindError(f"traind at {address} answered what is not JSON: {exc}") from exc
 
 
-async def status_command(
+def status_command(
     listen: str, as_json: bool, watch: float | None, out: TextIO | None = None,
-    found: str = "",
+    found: str = "", first: StatusSnapshot | None = None,
 ) -> int:
     """Print the daemon's status once (exit 0, or 3 when it is not running), or every
     ``watch`` seconds until interrupted; errors go to stderr, naming where the address was
-    ``found`` when it is not the config's."""
+    ``found`` when it is not the config's. ``first``: an answer already fetched, shown first."""
     out = out or sys.stdout
     redraw = watch is not None and not as_json and out.isatty()
     while True:
         try:
-            status = await fetch_status(listen)
+            status = first if first is not None else fetch_status(listen)
         except TraindError as exc:
             if watch is None:
                 print(f"traind: {exc}" + (f" (address: {found})" if found else ""),
@@ -87,6 +110,7 @@ async def status_command(
                 text = render(status)
             out.write((CLEAR if redraw else "") + text)
             out.flush()
+        first = None
         if watch is None:
             return 0
-        await asyncio.sleep(watch)
+        time.sleep(watch)

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+DEFAULT_LISTEN = "127.0.0.1:9750"
+"""Where the status server listens unless ``[status] listen`` says otherwise."""
+
 
 @dataclass(frozen=True)
 class TCPAddress:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import structlog
+if TYPE_CHECKING:
+    from structlog.typing import Processor
 
 FORMATS = ("json", "console")
 CLEAR_LINE = "\r\x1b[K"
@@ -20,17 +20,21 @@ def configure(
     *,
     json: bool | None = None,
     level: str = "info",
-    processors: Sequence[structlog.typing.Processor] = (),
+    processors: Sequence[Processor] = (),
 ) -> None:
     """Configure structlog for the process.
 
     ``stream`` defaults to stdout (the daemon's journal); ``json`` defaults to "not a TTY";
     ``processors`` run just before rendering (e.g. to keep recent errors for ``/status``).
     """
+    import logging
+
+    import structlog  # here: a command that logs nothing (``traind status``) never imports it
+
     out = stream or sys.stdout
     tty = out.isatty()
     as_json = not tty if json is None else json
-    renderer: structlog.typing.Processor = (
+    renderer: Processor = (
         structlog.processors.JSONRenderer()
         if as_json
         else structlog.dev.ConsoleRenderer(colors=tty)

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TextIO
 
-import structlog
-
 from traind.util.units import format_size
-
-log = structlog.get_logger("traind.progress")
 
 
 class Progress:
@@ -64,6 +59,11 @@ async def shown(
 ) -> AsyncIterator[Progress]:
     """Show ``progress`` while the block runs: a redrawn bar (default: when ``stream`` is a
     TTY), else a ``transfer_progress`` log event every ``log_every`` seconds."""
+    import asyncio  # here, like structlog: ``traind status`` draws a Progress, never shows one
+
+    import structlog
+
+    log = structlog.get_logger("traind.progress")
     out = stream or sys.stderr
     tty = out.isatty() if bar is None else bar
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated
-
-from pydantic import BeforeValidator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 _DURATION = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -90,9 +90,24 @@ def format_size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-PositiveDuration = Annotated[float, BeforeValidator(parse_positive_duration)]
-Size = Annotated[int, BeforeValidator(parse_size)]
+@dataclass(frozen=True)
+class _Parsed:
+    """``Annotated`` metadata for pydantic: ``parse`` runs on the raw value before the field's
+    own validation, as pydantic's ``BeforeValidator`` does, but through pydantic's public
+    ``__get_pydantic_core_schema__`` hook, so that importing this module (``traind status``
+    formats sizes) does not import pydantic."""
+
+    parse: Callable[[object], object]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_before_validator_function(self.parse, handler(source))
+
+
+Duration = Annotated[float, _Parsed(parse_duration)]
+PositiveDuration = Annotated[float, _Parsed(parse_positive_duration)]
+Size = Annotated[int, _Parsed(parse_size)]
 
 
 def _floor(value: object) -> object:
@@ -101,4 +116,4 @@ def _floor(value: object) -> object:
     return value
 
 
-Floor = Annotated[str | int, BeforeValidator(_floor)]
+Floor = Annotated[str | int, _Parsed(_floor)]

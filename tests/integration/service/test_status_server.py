@@ -256,7 +256,8 @@ async def test_status_command_renders_the_table(
     """``traind status`` prints header, children, queue, the upload bar and checkpoints."""
     out = io.StringIO()
     async with asyncio.timeout(10):
-        assert await status_command(str(server.address), as_json=False, watch=None, out=out) == 0
+        shown = await asyncio.to_thread(status_command, str(server.address), False, None, out)
+    assert shown == 0
     text = out.getvalue()
     assert "run grpo-qwen  state running  backend local:/mnt/ckpt" in text
     assert "up 1h00m" in text
@@ -275,24 +276,30 @@ async def test_status_command_json(server: StatusServer) -> None:
     """``--json`` prints the daemon's document unchanged."""
     out = io.StringIO()
     async with asyncio.timeout(10):
-        assert await status_command(str(server.address), as_json=True, watch=None, out=out) == 0
+        shown = await asyncio.to_thread(status_command, str(server.address), True, None, out)
+    assert shown == 0
     assert json.loads(out.getvalue()) == sample()
+
+
+class _Interrupted(Exception):
+    """What Ctrl-C is to ``--watch``, raised by the terminal after a few frames."""
 
 
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
 
+    def flush(self) -> None:
+        if self.getvalue().count("\x1b[H\x1b[2J") >= 3:
+            raise _Interrupted
+
 
 async def test_status_command_watch_redraws(server: StatusServer) -> None:
     """``--watch`` clears the terminal and redraws until interrupted."""
     out = _Terminal()
-    task = asyncio.create_task(status_command(str(server.address), False, 0.05, out=out))
-    await asyncio.sleep(0.4)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(_Interrupted):
         async with asyncio.timeout(5):
-            await task
+            await asyncio.to_thread(status_command, str(server.address), False, 0.05, out)
     frames = out.getvalue().split("\x1b[H\x1b[2J")
     assert len(frames) >= 3
     assert all("run grpo-qwen" in f for f in frames[1:])
@@ -305,7 +312,7 @@ async def test_daemon_not_running(
     """With no daemon the command exits 3 and says how to check the service."""
     listen = f"127.0.0.1:{free_port()}" if kind == "tcp" else f"unix:{tmp_path}/none.sock"
     async with asyncio.timeout(10):
-        assert await status_command(listen, as_json=False, watch=None) == NOT_RUNNING
+        assert await asyncio.to_thread(status_command, listen, False, None) == NOT_RUNNING
     err = capsys.readouterr().err
     assert f"no traind answering at {listen} — is the service running?" in err
     assert "`systemctl status traind`" in err

@@ -188,6 +188,28 @@ async def test_probe_says_what_fails(
         assert "permission denied" in str(caught.value)
 
 
+async def test_an_rsync_that_never_answers_the_probe_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local rsync hanging on --version fails the probe in VERSION_WITHIN and is killed
+    with its process group, not left running (it starts through traind.util.child)."""
+    from traind.storage.ssh import rsync
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pid_file = tmp_path / "rsync.pid"
+    fake = bin_dir / "rsync"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(rsync, "VERSION_WITHIN", 0.5)
+    with pytest.raises(StorageError, match="rsync --version gave no answer"):
+        async with asyncio.timeout(20):
+            await rsync.probe(Any, Any)  # the local rsync is asked first: no link is used
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
 @pytest.mark.parametrize("transfer", ["sftp", "openssh", "rsync"])
 async def test_probe_passes_and_leaves_nothing_behind(
     transfer: str, sshd: SSHServer, make_store: Callable[..., Any], remote: Path

@@ -68,6 +68,36 @@ async def test_small_files_share_a_connection_large_ones_get_their_own(
     assert _our_ssh_processes() == []
 
 
+async def test_the_first_metadata_call_starts_the_ssh_the_upload_takes(
+    sshd: SSHServer, make_store: Callable[..., Any], journal: Journal, tmp_path: Path,
+) -> None:
+    """The store's first SFTP call starts one ssh in the background; the upload after it
+    takes that one rather than starting another; one never taken is stopped by aclose."""
+    objects = make_store(sshd, transfer="openssh")
+    root = tmp_path / "staging"
+    root.mkdir()
+    (root / "a.json").write_bytes(b"{}")
+    files = [LocalFile("a.json", 2)]
+    await journal.staged("checkpoint-1", 1, root, files)
+    with capture_logs() as logs:
+        async with asyncio.timeout(60):
+            assert await objects.head("checkpoint-1/a.json") is None
+            assert len(_our_ssh_processes()) == 1  # started alongside, not waited for
+            session = JournalSession(journal, "checkpoint-1", lambda nbytes: None)
+            await objects.send("checkpoint-1/", root, files, session)
+    assert len([e for e in logs if e["event"] == "ssh_openssh_connected"]) == 1
+    async with asyncio.timeout(20):
+        await objects.aclose()
+    assert _our_ssh_processes() == []
+
+    unused = make_store(sshd, transfer="openssh")
+    async with asyncio.timeout(60):
+        await unused.list_dirs()
+        assert len(_our_ssh_processes()) == 1
+        await unused.aclose()
+    assert _our_ssh_processes() == []
+
+
 async def test_a_cancelled_upload_stops_its_ssh(
     sshd: SSHServer, make_store: Callable[..., Any], journal: Journal, remote: Path,
     tmp_path: Path,

@@ -51,6 +51,9 @@ _TRANSIENT_CODES = {5, 10, 12, 30, 35, 255}
 KILL_WAIT = 5.0
 """Seconds a cancelled run waits for rsync to go after SIGKILL to its process group."""
 
+VERSION_WITHIN = 30.0
+"""Seconds ``rsync --version`` (here, and on the remote host) has to answer in a probe."""
+
 
 def rsync_argv(config: SSHStorage, known_hosts: Path, root: Path, remote_dir: str,
                scratch: str = SCRATCH) -> list[str]:
@@ -125,14 +128,18 @@ async def probe(link: SSHLink, conn: asyncssh.SSHClientConnection) -> None:
     for tool in ("rsync", "ssh"):
         if shutil.which(tool) is None:
             raise StorageError(f'transfer = "rsync" needs {tool!r} on this host\'s PATH')
-    local = await asyncio.create_subprocess_exec(
-        "rsync", "--version", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
-    )
-    out, _ = await asyncio.wait_for(local.communicate(), timeout=30)
+    local = await child.spawn(["rsync", "--version"], stdout=asyncio.subprocess.PIPE,
+                              stderr=asyncio.subprocess.DEVNULL)
+    try:  # one that does not answer in time is killed with its group, not left behind
+        async with child.stopped_on_error(local, KILL_WAIT):
+            out, _ = await asyncio.wait_for(local.communicate(), timeout=VERSION_WITHIN)
+    except TimeoutError:
+        raise StorageError(f"rsync --version gave no answer within {VERSION_WITHIN:g} s") from None
     _check_version("this host", out.decode(errors="replace"))
     try:
         # A constant command line: nothing from config or paths reaches the remote shell.
-        result = await asyncio.wait_for(conn.run("rsync --version", check=False), timeout=30)
+        result = await asyncio.wait_for(conn.run("rsync --version", check=False),
+                                        timeout=VERSION_WITHIN)
     except (asyncssh.Error, OSError, TimeoutError) as exc:
         raise StorageError(f"{link.target}: cannot run rsync remotely: {exc}") from exc
     if result.exit_status != 0:

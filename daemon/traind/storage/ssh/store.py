@@ -97,11 +97,18 @@ class SSHStore:
         top, slash, _ = prefix.rpartition("/")
         return posixpath.join(self._root, check_key(top)) if slash else self._root
 
+    async def _call(self, action: str, op: Callable[[asyncssh.SFTPClient], Awaitable[T]]) -> T:
+        """``link.call(action, op)``; in the openssh mode, with an ssh starting meanwhile for
+        the transfer that usually follows (``OpenSSHTransfer.warm``)."""
+        if self._openssh:
+            self._openssh.warm()
+        return await self._link.call(action, op)
+
     async def capabilities(self) -> Capabilities:
         """Whether this server's exclusive create is exclusive (one check, then remembered)."""
         async with self._finding:
             if self._capabilities is None:
-                exclusive = await self._link.call(
+                exclusive = await self._call(
                     f"create a file exclusively in {self._root}", self._exclusive)
                 self._found(exclusive)
         assert self._capabilities is not None
@@ -136,11 +143,11 @@ class SSHStore:
             await write_bytes(sftp, path, data)
             return True
 
-        return await self._link.call(f"write {path}", lambda sftp: _in_place(sftp, path, write))
+        return await self._call(f"write {path}", lambda sftp: _in_place(sftp, path, write))
 
     async def get(self, key: str) -> Blob | None:
         path = self._path(key)
-        data = await self._link.call(f"read {path}", lambda sftp: read_bytes(sftp, path))
+        data = await self._call(f"read {path}", lambda sftp: read_bytes(sftp, path))
         return None if data is None else Blob(data, version_of(data))
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
@@ -151,7 +158,7 @@ class SSHStore:
                 data = await f.read(max(0, end - start), start)
             return cast(bytes, data)  # opened "rb": bytes
 
-        return await self._link.call(f"read {path}", read)
+        return await self._call(f"read {path}", read)
 
     async def head(self, key: str) -> ObjectMeta | None:
         path = self._path(key)
@@ -165,22 +172,22 @@ class SSHStore:
                 return None
             return ObjectMeta(key, attrs.size or 0, attrs.mtime)
 
-        return await self._link.call(f"stat {path}", stat)
+        return await self._call(f"stat {path}", stat)
 
     async def list(self, prefix: str) -> list[ObjectMeta]:
         top = prefix.rpartition("/")[0]
         base = self._dir(prefix)
-        return await self._link.call(
+        return await self._call(
             f"list {base}", lambda sftp: tree.files(sftp, self._root, top, prefix))
 
     async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         base = posixpath.join(self._root, check_key(prefix.rstrip("/"))) if prefix else self._root
-        return await self._link.call(f"list {base}", lambda sftp: tree.dirs(sftp, base))
+        return await self._call(f"list {base}", lambda sftp: tree.dirs(sftp, base))
 
     async def delete(self, keys: Sequence[str]) -> None:
         paths = [self._path(k) for k in keys]
         if paths:
-            await self._link.call(f"delete in {self._root}",
+            await self._call(f"delete in {self._root}",
                                   lambda sftp: tree.remove_files(sftp, self._root, paths))
 
     async def send(
@@ -191,7 +198,7 @@ class SSHStore:
         base = self._dir(prefix)
         remote = {f.path: self._path(prefix + check_relpath(f.path)) for f in files}
         dirs = parents(list(remote.values())) | {base}
-        await self._link.call(f"create {base}", lambda sftp: makedirs(sftp, dirs))
+        await self._call(f"create {base}", lambda sftp: makedirs(sftp, dirs))
         if self._config.transfer == "rsync" and not prefix.rpartition("/")[2]:
             await self._rsync.upload(base, root, files, session)
             return
@@ -207,7 +214,7 @@ class SSHStore:
     ) -> tuple[int, str]:
         if self._openssh:
             return await self._openssh.put(local, remote, size, advance)
-        return await self._link.call(
+        return await self._call(
             f"upload {remote}", lambda sftp: put_file(
                 sftp, local, remote, temporary_name(remote, self._owner), advance))
 
@@ -234,13 +241,13 @@ class SSHStore:
     ) -> tuple[int, str]:
         if self._openssh:
             return await self._openssh.get(remote, local, size, advance)
-        return await self._link.call(
+        return await self._call(
             f"download {remote}", lambda sftp: get_file(sftp, remote, local, advance))
 
     async def _exists(self, remote: str) -> bool:
         """Whether ``remote`` is there: a download that failed for lack of it is a file not
         matching its manifest, not a store that failed."""
-        return await self._link.call(f"stat {remote}", lambda sftp: sftp.exists(remote))
+        return await self._call(f"stat {remote}", lambda sftp: sftp.exists(remote))
 
     async def abort_uploads(self, prefix: str, keep: Collection[str] = ()) -> int:
         return 0  # a partial file is written again by the next send of its checkpoint

@@ -60,7 +60,17 @@ class OpenSSHTransfer:
         """This store's token in temporary names: no other writer's, reused by its retries."""
         self._idle: list[_Connection] = []
         self._open = 0  # connections open or opening
+        self._warming: asyncio.Task[_Connection] | None = None
         self._changed = asyncio.Event()
+
+    def warm(self) -> None:
+        """Start a connection in the background when none is open or opening, for the next
+        transfer to take: the store's metadata calls before an upload (the claim, the check
+        that the tag is not committed) then overlap ssh's start-up and key exchange, which
+        the first file would otherwise wait for."""
+        if self._open == 0:
+            self._open += 1
+            self._warming = asyncio.ensure_future(_Connection.start(self._link))
 
     async def put(
         self, local: Path, remote: str, size: int, advance: Advance
@@ -89,9 +99,16 @@ class OpenSSHTransfer:
             pass
 
     async def aclose(self) -> None:
-        """Stop every idle ssh process."""
+        """Stop every idle ssh process, and the one starting for a transfer that never came."""
         idle, self._idle = self._idle, []
         self._open -= len(idle)
+        if (warming := self._warming) is not None:
+            self._warming = None
+            self._forget()
+            warming.cancel()
+            started = (await asyncio.gather(warming, return_exceptions=True))[0]
+            if isinstance(started, _Connection):
+                idle.append(started)
         await asyncio.gather(*(conn.aclose() for conn in idle))
 
     async def _run(
@@ -126,6 +143,13 @@ class OpenSSHTransfer:
                     return conn
                 self._forget()
                 await conn.aclose()
+            if (warming := self._warming) is not None:  # started by ``warm`` for us
+                self._warming = None
+                try:
+                    return await warming
+                except BaseException:
+                    self._forget()
+                    raise
             room = self._open < self._link.config.concurrency
             if room and (self._open == 0 or size >= WORTH_A_CONNECTION):
                 break
