@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +17,9 @@ import structlog
 
 from traind import config
 from traind.app.observe import Observer
+from traind.app.prune import Pruning
 from traind.app.reload import plan_reload
-from traind.checkpoints import completion, pruner, recovery, writer
+from traind.checkpoints import completion, recovery, writer
 from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.joint import JointResume
 from traind.checkpoints.journal import Journal
@@ -110,8 +110,8 @@ class Daemon:
         host is made whole then, not restored at start-up)."""
         self.observer.joint = self.joint
         self._server: StatusServer | None = None
-        self._prune_now = asyncio.Event()
-        self._resuming: tuple[str, ...] = ()
+        self.pruning = Pruning(lambda: self.settings, lambda: self.storage, self.journal,
+                               self.streamer, self.node, self.observer)
         self.unstored: list[str] = []
         """After ``run``: the checkpoints not committed when it stopped, newest first."""
         self._reached = False
@@ -201,16 +201,7 @@ class Daemon:
         await self._check_space()  # a disk that filled before a restart: room first
         manifests = await self._first_manifests()
         if manifests is not None:
-            self.observer.known(manifests)
-        if manifests is not None and self._restore and self.joint is None:
-            await recovery.restore_if_fresh(
-                self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
-            )
-        elif manifests is not None and self.joint is None:
-            log.info("restore_disabled", output_dir=str(s.run.output_dir),
-                     hint="run.restore = false or traind run --no-restore")
-        if manifests is not None:
-            manifests = await recovery.without_corrupt(self.journal, manifests)
+            manifests = await self._known(manifests)
         tracked, self._unreconciled = await recovery.recover(
             self.streamer, self.journal, manifests
         )
@@ -238,6 +229,21 @@ class Daemon:
         )
         self.streamer.on_rewritten = watcher.reopen
         return watcher
+
+    async def _known(self, manifests: list[Manifest]) -> list[Manifest]:
+        """What the store holds at start: shown, restored from on a fresh host (a job's
+        fresh host is made whole by the hosts' agreement instead), and returned without
+        the ones this run found corrupt."""
+        self.observer.known(manifests)
+        s = self.settings
+        if self.joint is None and self._restore:
+            await recovery.restore_if_fresh(
+                self.storage, self.journal, manifests, s.run.output_dir, s.checkpoints
+            )
+        elif self.joint is None:
+            log.info("restore_disabled", output_dir=str(s.run.output_dir),
+                     hint="run.restore = false or traind run --no-restore")
+        return await recovery.without_corrupt(self.journal, manifests)
 
     async def _first_manifests(self) -> list[Manifest] | None:
         """The store's manifests, or None when the store cannot be reached but the trainer
@@ -307,7 +313,7 @@ class Daemon:
         the tasks for ``shutdown`` to stop in order."""
         log.info("daemon_ready")
         background = [
-            tg.create_task(self._retention_loop(), name="retention"),
+            tg.create_task(self.pruning.run(), name="retention"),
             tg.create_task(self._reload_loop(reload), name="reload"),
             tg.create_task(self._space_loop(), name="space"),
         ]
@@ -462,13 +468,13 @@ class Daemon:
         if self.joint is not None:
             path = await self.joint.resume_point(self.storage, self.journal, s.run.output_dir,
                                                  self._done.add)
-            self._resuming = () if path is None else (path.name,)
+            self.pruning.resuming = () if path is None else (path.name,)
             return path
         path = await recovery.resume_point(
             self.storage, self.journal, s.run.output_dir, s.checkpoints
         )
         # Local retention must not delete it while the trainer loads it (or later).
-        self._resuming = () if path is None else (path.name,)
+        self.pruning.resuming = () if path is None else (path.name,)
         # One passed over as corrupt in the store is saved again by the trainer: store it
         # (the record goes once it is committed again).
         if self.watcher is not None:
@@ -479,34 +485,11 @@ class Daemon:
     async def _committed(self, manifest: Manifest) -> None:
         self.observer.committed(manifest)
         await self.journal.forget_corrupt(manifest.tag)  # stored anew over a corrupt one
-        self._prune_now.set()
+        self.pruning.soon()
         try:  # on a full disk: the older ones still to commit are let go
             await self.space.committed(manifest.step)
         except (OSError, TraindError) as exc:
             log.error("space_check_failed", error=str(exc))
-
-    async def _retention_loop(self) -> None:
-        """Prune after each commit and every ``retention.interval`` (re-read on reload)."""
-        while True:
-            interval = self.settings.retention.interval
-            self.observer.next_prune = time.time() + interval
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await self._prune_now.wait()
-            self._prune_now.clear()
-            s = self.settings
-            try:
-                plan = await pruner.prune(
-                    self.storage, self.journal, s.retention, s.run.output_dir,
-                    s.checkpoints.pattern, self._resuming, remote=self.node.rank == 0,
-                )
-                if self.node.nodes > 1 and self.node.rank == 0:
-                    await pruner.give_up_stranded(self.streamer, self.node.nodes,
-                                                  s.run.part_timeout)
-            except Exception as exc:  # a failed prune must never stop the daemon
-                log.error("prune_failed", error=str(exc))
-            else:
-                self.observer.pruned([v.tag for v in plan.remote if not v.keep])
 
     async def _reload_loop(self, reload: asyncio.Event) -> None:
         while True:

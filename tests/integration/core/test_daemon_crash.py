@@ -45,7 +45,7 @@ async def test_a_failed_task_ends_with_an_error_naming_the_unstored(
         await crash.wait()
         raise RuntimeError("retention broke (test)")
 
-    monkeypatch.setattr(daemon, "_retention_loop", crashing_retention)
+    monkeypatch.setattr(daemon.pruning, "run", crashing_retention)
     with capture_logs() as logs:
         task = asyncio.create_task(daemon.run(asyncio.Event()))
         write_checkpoint(out, 1)
