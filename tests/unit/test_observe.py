@@ -204,11 +204,16 @@ def test_hangs_are_counted_by_child() -> None:
 def test_the_next_prune_is_shown_with_its_reasons() -> None:
     """/status lists what retention would delete from the store now, and only on the host
     that prunes it."""
-    observer = Observer("run", idle_streamer(), lambda: "s3", lambda: 0)
-    observer.known([Manifest("run", f"checkpoint-{n}", n, ()) for n in (1, 2, 3)])
-    assert observer.snapshot()["prune"] == []  # no policy known
-    observer.retention = lambda: RetentionConfig(keep_last=2, keep_best=False)
-    assert observer.snapshot()["prune"] == [
+    stored = [Manifest("run", f"checkpoint-{n}", n, ()) for n in (1, 2, 3)]
+    policy = RetentionConfig(keep_last=2, keep_best=False)
+    unknown = Observer("run", idle_streamer(), lambda: "s3", lambda: 0)
+    pruning = Observer("run", idle_streamer(), lambda: "s3", lambda: 0,
+                       retention=lambda: policy)
+    elsewhere = Observer("run", idle_streamer(), lambda: "s3", lambda: 0,
+                         retention=lambda: policy, prunes_remote=False)
+    for observer in (unknown, pruning, elsewhere):
+        observer.known(stored)
+    assert unknown.snapshot()["prune"] == []  # no policy known
+    assert pruning.snapshot()["prune"] == [
         {"tag": "checkpoint-1", "step": 1, "reason": "older than the last 2"}]
-    observer.prunes_remote = False
-    assert observer.snapshot()["prune"] == []
+    assert elsewhere.snapshot()["prune"] == []

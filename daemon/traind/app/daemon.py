@@ -92,14 +92,14 @@ class Daemon:
             lambda: self.storage.describe,
             lambda: self.watcher.tracking if self.watcher else 0,
             recent,
+            retention=lambda: self.settings.retention,
+            prunes_remote=self.node.rank == 0,
         )
         self.space = SpaceGuard(
             settings.run.output_dir, self.streamer, self.journal,
             parse_floor(settings.checkpoints.min_free_space), self.observer.dropped,
             settings.checkpoints.pattern,
         )
-        self.observer.retention = lambda: self.settings.retention
-        self.observer.prunes_remote = self.node.rank == 0
         self.observer.metrics.set_disk(lambda: _free(self.settings.run.output_dir),
                                        lambda: float(self.space.floor()))
         self.joint = (JointResume(self.node, lambda: self.streamer.parts_settled,

@@ -39,6 +39,8 @@ class Observer:
         tracked: Callable[[], int],
         recent: model.RecentErrors | None = None,
         notifier: Notifier | None = None,
+        retention: Callable[[], RetentionConfig | None] = lambda: None,
+        prunes_remote: bool = True,
     ) -> None:
         self.run = run
         self.state: model.DaemonState = "starting"
@@ -49,9 +51,9 @@ class Observer:
         self.supervisor: Supervisor | None = None
         self.joint: JointResume | None = None
         self.next_prune: float | None = None
-        self.retention: Callable[[], RetentionConfig | None] = lambda: None
+        self.retention = retention
         """The retention policy in force, for the page's "what the next prune removes"."""
-        self.prunes_remote = True
+        self.prunes_remote = prunes_remote
         """Whether this host prunes the store (node 0 of a job)."""
         self.timeline = Timeline()
         self._best: str | None = None
