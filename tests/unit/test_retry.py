@@ -37,6 +37,16 @@ def test_partial_jitter_keeps_the_upper_part() -> None:
     assert b.delay(0, rand=lambda: 0.0) == 1.0  # not below initial
 
 
+def test_jitter_around_spreads_both_ways_below_the_cap() -> None:
+    """``around`` spreads the pause ±jitter (below ``initial`` too), never above ``cap``."""
+    b = Backoff(1.0, 10.0, jitter=0.2, around=True)
+    assert b.delay(0, rand=lambda: 0.0) == pytest.approx(0.8)
+    assert b.delay(2, rand=lambda: 0.5) == pytest.approx(4.0)
+    assert b.delay(2, rand=lambda: 0.999999) == pytest.approx(4.8, rel=1e-5)
+    assert b.delay(4, rand=lambda: 0.999999) == 10.0
+    assert b.delay(40, rand=lambda: 0.0) == pytest.approx(8.0)
+
+
 def test_cap_below_initial_waits_the_cap() -> None:
     """A cap below ``initial`` is the pause, jitter or not."""
     assert Backoff(2.0, 1.0, jitter=1.0).delay(0, rand=lambda: 0.7) == 1.0

@@ -27,15 +27,15 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.whole import make_whole
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.protocol import CheckpointStore
-from traind.util.backoff import doubling
 from traind.util.fileio import fsync_dir
 from traind.util.nodes import NodeRank
+from traind.util.retry import Backoff
 
 log = structlog.get_logger("traind.joint")
 
 T = TypeVar("T")
-POLL = (0.25, 2.0)
-"""Seconds between polls of the store while waiting: the first pause and the cap."""
+POLL = Backoff(0.25, 2.0)
+"""The pause between polls of the store while waiting."""
 SETTLE_LIMIT = 300.0
 """Seconds a host waits at most for its own parts to be stored before it asks."""
 WITHDRAW_TIMEOUT = 5.0
@@ -59,7 +59,7 @@ class JointResume:
 
     def __init__(self, node: NodeRank, settled: Callable[[], bool],
                  scan: Callable[[], Awaitable[object]], ticket: Path | None = None,
-                 poll: tuple[float, float] = POLL) -> None:
+                 poll: Backoff = POLL) -> None:
         self._node = node
         self._ticket = ticket
         """Where this host keeps its last request's nonce and whether a trainer start used
@@ -120,7 +120,7 @@ class JointResume:
                             hint="asking for the resume point although this host's parts "
                                  "of these checkpoints are not stored")
                 return
-            await asyncio.sleep(doubling(n, *self._poll))
+            await asyncio.sleep(self._poll.delay(n))
             n += 1
 
     async def agree(self, storage: CheckpointStore) -> Decision:
@@ -140,7 +140,7 @@ class JointResume:
             while (decision := covers(
                     await self._retrying(lambda: self._board_now(store)),
                     rank, nonce)) is None:
-                await asyncio.sleep(doubling(n, *self._poll))
+                await asyncio.sleep(self._poll.delay(n))
                 n += 1
         except BaseException:
             with contextlib.suppress(TraindError, TimeoutError):
@@ -206,7 +206,7 @@ class JointResume:
             try:
                 return await call()
             except (StorageError, IntegrityError) as exc:
-                delay = doubling(n, *self._poll)
+                delay = self._poll.delay(n)
                 log.error("resume_point_poll_failed", node_rank=self._node.rank,
                           error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)

@@ -39,7 +39,7 @@ from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.checkpoints.reserve import Reserve
 from traind.errors import JournalError
 from traind.storage import LocalFile
-from traind.util.backoff import doubling
+from traind.util.retry import Backoff
 
 State = Literal["staged", "ready", "committed", "pruning", "pruned", "conflict", "dropped"]
 P = ParamSpec("P")
@@ -145,7 +145,7 @@ class Journal:
         self._reserve_spent = False
         self._key = run.key
         self._path = path
-        self._retry = (retry_initial, retry_max)
+        self._retry = Backoff(retry_initial, retry_max)
         with _sqlite(path):
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
@@ -270,7 +270,7 @@ class Journal:
                         free_bytes=_free_bytes(self._path.parent),
                         hint="retrying until it succeeds; free space in state_dir",
                     )
-                await asyncio.sleep(doubling(attempt, *self._retry))
+                await asyncio.sleep(self._retry.delay(attempt))
                 attempt += 1
                 continue
             if failed_at is not None:
