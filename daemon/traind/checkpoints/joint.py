@@ -29,6 +29,7 @@ from traind.errors import IntegrityError, StorageError, TraindError
 from traind.protocol import CheckpointStore
 from traind.util.fileio import fsync_dir
 from traind.util.nodes import NodeRank
+from traind.util.poll import poll_until
 from traind.util.retry import Backoff
 
 log = structlog.get_logger("traind.joint")
@@ -111,17 +112,15 @@ class JointResume:
         SETTLE_LIMIT) until every checkpoint this host still has to commit has its part
         stored."""
         await self._scan()
-        deadline = time.monotonic() + SETTLE_LIMIT
-        n = 0
-        while not self._settled():
-            if time.monotonic() > deadline:
-                log.warning("resume_request_unsettled", node_rank=self._node.rank,
-                            waited=SETTLE_LIMIT,
-                            hint="asking for the resume point although this host's parts "
-                                 "of these checkpoints are not stored")
-                return
-            await asyncio.sleep(self._poll.delay(n))
-            n += 1
+
+        async def settled() -> bool:
+            return self._settled()
+
+        if not await poll_until(settled, within=SETTLE_LIMIT, every=self._poll):
+            log.warning("resume_request_unsettled", node_rank=self._node.rank,
+                        waited=SETTLE_LIMIT,
+                        hint="asking for the resume point although this host's parts "
+                             "of these checkpoints are not stored")
 
     async def agree(self, storage: CheckpointStore) -> Decision:
         """Store a start request in ``storage`` and wait until a decision covers it; on
@@ -135,13 +134,12 @@ class JointResume:
         started = time.monotonic()
         self.waiting = Waiting(rank, nonce, time.time(), None)
         self._reported = False
+
+        async def answer() -> Decision | None:
+            return covers(await self._retrying(lambda: self._board_now(store)), rank, nonce)
+
         try:
-            n = 0
-            while (decision := covers(
-                    await self._retrying(lambda: self._board_now(store)),
-                    rank, nonce)) is None:
-                await asyncio.sleep(self._poll.delay(n))
-                n += 1
+            decision = await poll_until(answer, within=None, every=self._poll)
         except BaseException:
             with contextlib.suppress(TraindError, TimeoutError):
                 async with asyncio.timeout(WITHDRAW_TIMEOUT):
@@ -149,6 +147,7 @@ class JointResume:
             raise
         finally:
             self.waiting = None
+        assert decision is not None  # without a deadline only a decision ends the poll
         log.info("resume_point_agreed", node_rank=rank, tag=decision.tag, step=decision.step,
                  round=decision.round, nodes=len(decision.nonces),
                  waited=round(time.monotonic() - started, 3))
