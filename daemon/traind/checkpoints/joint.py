@@ -30,7 +30,7 @@ from traind.protocol import CheckpointStore
 from traind.util.fileio import fsync_dir
 from traind.util.nodes import NodeRank
 from traind.util.poll import poll_until
-from traind.util.retry import Backoff
+from traind.util.retry import Backoff, retrying
 
 log = structlog.get_logger("traind.joint")
 
@@ -200,18 +200,17 @@ class JointResume:
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call`` until the store answers; every failure is logged, then retried."""
-        n = 0
-        while True:
-            try:
-                return await call()
-            except (StorageError, IntegrityError) as exc:
-                delay = self._poll.delay(n)
-                log.error("resume_point_poll_failed", node_rank=self._node.rank,
-                          error=str(exc), retry_in=delay)
-                await asyncio.sleep(delay)
-                n += 1
+
+        def logged(exc: BaseException, _: int, pause: float) -> None:
+            log.error("resume_point_poll_failed", node_rank=self._node.rank, error=str(exc),
+                      retry_in=pause)
+
+        return await retrying(call, self._poll, None, _store_failed, logged)
 
 
+def _store_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store failing or answering garbage: the wait goes on."""
+    return isinstance(exc, StorageError | IntegrityError)
 
 
 def _unanswered(ticket: Path | None) -> str | None:

@@ -1,9 +1,10 @@
 """The one retry loop and the one backoff: capped exponential, with jitter, retrying while a
 predicate calls the failure transient, each retry handed to a callback that logs it.
 
-S3, SSH, the daemon's wait for the store and the cloud clients retry through ``retrying``;
-the streamer waits out a failed upload by ``Backoff.delay``, and the supervisor's restart
-policy spaces restarts by it.
+S3, SSH, the daemon's wait for the store, the journal on a full disk, the joint resume and
+the cloud clients retry through ``retrying``; the streamer waits out a failed upload by
+``Backoff.delay``, the supervisor's restart policy spaces restarts by it, and ``poll_until``
+(util/poll.py) may pace its polls by it.
 """
 
 from __future__ import annotations
