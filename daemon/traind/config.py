@@ -69,7 +69,7 @@ class Section(BaseModel):
 
 
 class Backoff(Section):
-    """A section with capped exponential backoff (``traind.util.backoff.doubling``); each one
+    """A section with capped exponential backoff (``traind.util.retry.Backoff``); each one
     sets its own defaults for the two keys."""
 
     backoff_initial: Duration

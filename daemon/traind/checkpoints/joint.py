@@ -27,15 +27,16 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.whole import make_whole
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.protocol import CheckpointStore
-from traind.util.backoff import doubling
 from traind.util.fileio import fsync_dir
 from traind.util.nodes import NodeRank
+from traind.util.poll import poll_until
+from traind.util.retry import Backoff, retrying
 
 log = structlog.get_logger("traind.joint")
 
 T = TypeVar("T")
-POLL = (0.25, 2.0)
-"""Seconds between polls of the store while waiting: the first pause and the cap."""
+POLL = Backoff(0.25, 2.0)
+"""The pause between polls of the store while waiting."""
 SETTLE_LIMIT = 300.0
 """Seconds a host waits at most for its own parts to be stored before it asks."""
 WITHDRAW_TIMEOUT = 5.0
@@ -59,7 +60,7 @@ class JointResume:
 
     def __init__(self, node: NodeRank, settled: Callable[[], bool],
                  scan: Callable[[], Awaitable[object]], ticket: Path | None = None,
-                 poll: tuple[float, float] = POLL) -> None:
+                 poll: Backoff = POLL) -> None:
         self._node = node
         self._ticket = ticket
         """Where this host keeps its last request's nonce and whether a trainer start used
@@ -111,17 +112,15 @@ class JointResume:
         SETTLE_LIMIT) until every checkpoint this host still has to commit has its part
         stored."""
         await self._scan()
-        deadline = time.monotonic() + SETTLE_LIMIT
-        n = 0
-        while not self._settled():
-            if time.monotonic() > deadline:
-                log.warning("resume_request_unsettled", node_rank=self._node.rank,
-                            waited=SETTLE_LIMIT,
-                            hint="asking for the resume point although this host's parts "
-                                 "of these checkpoints are not stored")
-                return
-            await asyncio.sleep(doubling(n, *self._poll))
-            n += 1
+
+        async def settled() -> bool:
+            return self._settled()
+
+        if not await poll_until(settled, within=SETTLE_LIMIT, every=self._poll):
+            log.warning("resume_request_unsettled", node_rank=self._node.rank,
+                        waited=SETTLE_LIMIT,
+                        hint="asking for the resume point although this host's parts "
+                             "of these checkpoints are not stored")
 
     async def agree(self, storage: CheckpointStore) -> Decision:
         """Store a start request in ``storage`` and wait until a decision covers it; on
@@ -135,13 +134,12 @@ class JointResume:
         started = time.monotonic()
         self.waiting = Waiting(rank, nonce, time.time(), None)
         self._reported = False
+
+        async def answer() -> Decision | None:
+            return covers(await self._retrying(lambda: self._board_now(store)), rank, nonce)
+
         try:
-            n = 0
-            while (decision := covers(
-                    await self._retrying(lambda: self._board_now(store)),
-                    rank, nonce)) is None:
-                await asyncio.sleep(doubling(n, *self._poll))
-                n += 1
+            decision = await poll_until(answer, within=None, every=self._poll)
         except BaseException:
             with contextlib.suppress(TraindError, TimeoutError):
                 async with asyncio.timeout(WITHDRAW_TIMEOUT):
@@ -149,6 +147,7 @@ class JointResume:
             raise
         finally:
             self.waiting = None
+        assert decision is not None  # without a deadline only a decision ends the poll
         log.info("resume_point_agreed", node_rank=rank, tag=decision.tag, step=decision.step,
                  round=decision.round, nodes=len(decision.nonces),
                  waited=round(time.monotonic() - started, 3))
@@ -201,18 +200,17 @@ class JointResume:
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call`` until the store answers; every failure is logged, then retried."""
-        n = 0
-        while True:
-            try:
-                return await call()
-            except (StorageError, IntegrityError) as exc:
-                delay = doubling(n, *self._poll)
-                log.error("resume_point_poll_failed", node_rank=self._node.rank,
-                          error=str(exc), retry_in=delay)
-                await asyncio.sleep(delay)
-                n += 1
+
+        def logged(exc: BaseException, _: int, pause: float) -> None:
+            log.error("resume_point_poll_failed", node_rank=self._node.rank, error=str(exc),
+                      retry_in=pause)
+
+        return await retrying(call, self._poll, None, _store_failed, logged)
 
 
+def _store_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store failing or answering garbage: the wait goes on."""
+    return isinstance(exc, StorageError | IntegrityError)
 
 
 def _unanswered(ticket: Path | None) -> str | None:

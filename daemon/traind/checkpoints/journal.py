@@ -39,7 +39,7 @@ from traind.checkpoints.identity import RunIdentity, staging_dir
 from traind.checkpoints.reserve import Reserve
 from traind.errors import JournalError
 from traind.storage import LocalFile
-from traind.util.backoff import doubling
+from traind.util.retry import Backoff, retrying
 
 State = Literal["staged", "ready", "committed", "pruning", "pruned", "conflict", "dropped"]
 P = ParamSpec("P")
@@ -145,7 +145,7 @@ class Journal:
         self._reserve_spent = False
         self._key = run.key
         self._path = path
-        self._retry = (retry_initial, retry_max)
+        self._retry = Backoff(retry_initial, retry_max)
         with _sqlite(path):
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
@@ -254,31 +254,34 @@ class Journal:
         """Run ``statements`` as one transaction; retried with backoff, never given up,
         while the disk is full (one error event when it starts, one line when it passes)."""
         failed_at: float | None = None
-        attempt = 0
-        while True:
+        retries = 0
+
+        async def once() -> None:
+            """One transaction; on a full disk, once more at once if the reserve gave room."""
             try:
                 await self._run(self._tx, statements)
             except JournalError as exc:
-                if not exc.full:
+                if not exc.full or not await self._spend_reserve():
                     raise
-                if await self._spend_reserve():
-                    continue
-                if failed_at is None:
-                    failed_at = time.monotonic()
-                    log.error(
-                        "journal_write_failed", journal=str(self._path), error=str(exc),
-                        free_bytes=_free_bytes(self._path.parent),
-                        hint="retrying until it succeeds; free space in state_dir",
-                    )
-                await asyncio.sleep(doubling(attempt, *self._retry))
-                attempt += 1
-                continue
-            if failed_at is not None:
-                log.info("journal_write_recovered", journal=str(self._path), attempts=attempt,
-                         seconds=round(time.monotonic() - failed_at, 3))
-            if self._reserve_spent:
-                await self._restore_reserve()
-            return
+                await self._run(self._tx, statements)
+
+        def waiting(exc: BaseException, n: int, _: float) -> None:
+            nonlocal failed_at, retries
+            retries = n
+            if failed_at is None:
+                failed_at = time.monotonic()
+                log.error(
+                    "journal_write_failed", journal=str(self._path), error=str(exc),
+                    free_bytes=_free_bytes(self._path.parent),
+                    hint="retrying until it succeeds; free space in state_dir",
+                )
+
+        await retrying(once, self._retry, None, _full, waiting)
+        if failed_at is not None:
+            log.info("journal_write_recovered", journal=str(self._path), attempts=retries,
+                     seconds=round(time.monotonic() - failed_at, 3))
+        if self._reserve_spent:
+            await self._restore_reserve()
 
     async def _spend_reserve(self) -> bool:
         """Give the reserve's space to the journal (a write failed for lack of it); return
@@ -513,6 +516,12 @@ def _sqlite(path: Path) -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         raise JournalError(str(exc), path, getattr(exc, "sqlite_errorname", "")) from exc
+
+
+def _full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a journal write that failed for lack of space: retried until it
+    succeeds."""
+    return isinstance(exc, JournalError) and exc.full
 
 
 def _free_bytes(directory: Path) -> int | None:

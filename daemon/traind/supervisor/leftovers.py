@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from traind.supervisor.env import CHILD_TAG, OWNER_TAG, owner_of, tag_name
 from traind.supervisor.process import KILL_WAIT
 from traind.supervisor.procfs import Proc, descendants, environ, process_table, send
 from traind.util.child import uninterrupted
+from traind.util.poll import poll_until
 
 log = structlog.get_logger("traind.supervisor")
 
@@ -94,14 +94,14 @@ class _Sweep:
     async def until_gone(self, sig: signal.Signals, within: float) -> list[Leftover]:
         """Send ``sig`` to every leftover (found again each poll, so late forks too) until none
         is left or ``within`` seconds passed; return those left, less any we may not signal."""
-        deadline = time.monotonic() + within
-        while True:
+
+        async def sweep() -> list[Leftover]:
             left = self._update(await asyncio.to_thread(find, self._owner))
-            if not left or time.monotonic() >= deadline:
-                return left
             for o in left:
                 self._send(o, sig)
-            await asyncio.sleep(POLL)
+            return left
+
+        return await poll_until(sweep, done=lambda left: not left, within=within, every=POLL)
 
     def _update(self, found: list[Leftover]) -> list[Leftover]:
         alive = {o.key for o in found}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from traind.config import RestartConfig
-from traind.util.backoff import doubling
+from traind.util.retry import Backoff
 
 JITTER = 0.2
 """Backoff delays are spread uniformly over ±20% so restarted children do not move in step."""
@@ -58,9 +58,9 @@ def is_failure(role: Role, returncode: int | None) -> bool:
 
 def backoff(config: RestartConfig, attempt: int, jitter: float) -> float:
     """Delay before restart number ``attempt`` (0-based): doubling from ``backoff_initial``,
-    spread by ``jitter`` in [0, 1), never above ``backoff_max``."""
-    base = doubling(attempt, config.backoff_initial, config.backoff_max)
-    return min(config.backoff_max, base * (1.0 - JITTER + 2.0 * JITTER * jitter))
+    spread ±JITTER by ``jitter`` drawn from [0, 1), never above ``backoff_max``."""
+    spaced = Backoff(config.backoff_initial, config.backoff_max, JITTER, around=True)
+    return spaced.delay(attempt, lambda: jitter)
 
 
 def decide(

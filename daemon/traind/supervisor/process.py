@@ -23,8 +23,9 @@ from traind.errors import SupervisorError
 from traind.supervisor.env import CHILD_TAG, OWNER_TAG, child_env, new_tag
 from traind.supervisor.output import ChildLog, Pipes
 from traind.supervisor.policy import Role
-from traind.supervisor.procfs import ProcessTree
+from traind.supervisor.procfs import Proc, ProcessTree
 from traind.util.child import spawn_with, uninterrupted
+from traind.util.poll import poll_until
 
 log = structlog.get_logger("traind.supervisor")
 
@@ -226,31 +227,35 @@ class ManagedProcess:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self._exited.wait()
-        while members and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            members = await asyncio.to_thread(tree.scan)
+        if members:
+            await poll_until(lambda: asyncio.to_thread(tree.scan), done=lambda m: not m,
+                             within=deadline - time.monotonic(), every=0.05)
 
     async def _finish(self) -> None:
         assert self._tree is not None
         assert self._transport is not None
         tree, transport = self._tree, self._transport
-        deadline = time.monotonic() + KILL_WAIT
         killed: set[int] = set()
-        while True:
+
+        def gone(members: list[Proc]) -> bool:
+            return not members and not self.running
+
+        async def kill() -> list[Proc]:
+            """What is left of the tree, SIGKILLed; each pid is logged once."""
             members = await asyncio.to_thread(tree.scan, by_tag=True)
-            if not members and not self.running:
-                break
-            if time.monotonic() > deadline:
-                self._log.error("child_unkillable", pid=self.pid, others=[p.pid for p in members])
-                break
-            fresh = {p.pid for p in members} | ({self.pid} if self.running and self.pid else set())
-            if fresh - killed:
-                self._log.warning("child_killed", pid=self.pid, pids=sorted(fresh - killed))
-                killed |= fresh
-            tree.signal(members, signal.SIGKILL)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.05):
-                    await self._exited.wait()
+            if not gone(members):
+                fresh = {p.pid for p in members}
+                if self.running and self.pid:
+                    fresh.add(self.pid)
+                if fresh - killed:
+                    self._log.warning("child_killed", pid=self.pid, pids=sorted(fresh - killed))
+                    killed.update(fresh)
+                tree.signal(members, signal.SIGKILL)
+            return members
+
+        left = await poll_until(kill, done=gone, within=KILL_WAIT, every=0.05)
+        if not gone(left):
+            self._log.error("child_unkillable", pid=self.pid, others=[p.pid for p in left])
         transport.close()
         if self._file is not None:
             await asyncio.to_thread(self._file.close)

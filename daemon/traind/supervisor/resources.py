@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from traind.supervisor.ports import PortUse, port_use
+from traind.util.poll import poll_until
 
 log = structlog.get_logger("traind.supervisor")
 IDLE_SLACK = 512 * 1024**2
@@ -20,16 +20,14 @@ async def wait_port_free(port: int, limit: float) -> PortUse:
     """Wait up to ``limit`` seconds until nothing holds TCP ``port`` (listening, or bound as
     a loading vLLM holds it); return what holds it last. One ``port_busy`` event names the
     holders when it is busy at first, ``port_still_busy`` when it stayed busy."""
-    deadline = time.monotonic() + limit
     use = await asyncio.to_thread(port_use, port)
+    if not use.busy:
+        return use
+    log.info("port_busy", port=port, holders=use.describe(), waiting=limit)
+    use = await poll_until(lambda: asyncio.to_thread(port_use, port),
+                           done=lambda u: not u.busy, within=limit, every=0.2)
     if use.busy:
-        log.info("port_busy", port=port, holders=use.describe(), waiting=limit)
-    while use.busy:
-        if time.monotonic() > deadline:
-            log.warning("port_still_busy", port=port, waited=limit, holders=use.describe())
-            return use
-        await asyncio.sleep(0.2)
-        use = await asyncio.to_thread(port_use, port)
+        log.warning("port_still_busy", port=port, waited=limit, holders=use.describe())
     return use
 
 
@@ -57,13 +55,16 @@ async def wait_gpus_idle(
 ) -> bool:
     """Wait up to ``limit`` seconds until every GPU in ``gpus`` is back near its ``idle``
     memory use; True at once without NVML or a baseline, False (and a log event) if not."""
-    deadline = time.monotonic() + limit
-    while gpus and idle is not None:
-        used = await asyncio.to_thread(gpu_memory_used, gpus)
-        if used is None or all(used[g] <= idle.get(g, 0) + IDLE_SLACK for g in gpus):
-            break
-        if time.monotonic() > deadline:
-            log.warning("gpus_still_busy", used=used, idle=dict(idle), waited=limit)
-            return False
-        await asyncio.sleep(0.5)
-    return True
+    if not gpus or idle is None:
+        return True
+    baseline = idle
+
+    def back(used: dict[int, int] | None) -> bool:
+        return used is None or all(used[g] <= baseline.get(g, 0) + IDLE_SLACK for g in gpus)
+
+    used = await poll_until(lambda: asyncio.to_thread(gpu_memory_used, gpus),
+                            done=back, within=limit, every=0.5)
+    if back(used):
+        return True
+    log.warning("gpus_still_busy", used=used, idle=dict(idle), waited=limit)
+    return False

@@ -1,9 +1,10 @@
-"""The one retry loop: capped exponential backoff with jitter, retrying while a predicate
-calls the failure transient, each retry handed to a callback that logs it.
+"""The one retry loop and the one backoff: capped exponential, with jitter, retrying while a
+predicate calls the failure transient, each retry handed to a callback that logs it.
 
-S3, SSH, the daemon's wait for the store and the vast.ai client retry through ``retrying``;
-the streamer waits out a failed upload by ``Backoff.delay``. The supervisor's restart policy
-(``supervisor/policy.py``) is a different decision and stays apart.
+S3, SSH, the daemon's wait for the store, the journal on a full disk, the joint resume and
+the cloud clients retry through ``retrying``; the streamer waits out a failed upload by
+``Backoff.delay``, the supervisor's restart policy spaces restarts by it, and ``poll_until``
+(util/poll.py) may pace its polls by it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from traind.errors import StorageError
-from traind.util.backoff import doubling
 
 T = TypeVar("T")
 OnRetry = Callable[[BaseException, int, float], None]
@@ -26,18 +26,22 @@ to wait before the next."""
 @dataclass(frozen=True)
 class Backoff:
     """Seconds to wait before retry number ``n`` (0-based): ``initial`` doubled ``n`` times,
-    never above ``cap``; ``jitter`` (0 to 1) spreads it down to ``(1 - jitter)`` of that, never
-    below ``initial``, so that clients failing together do not retry together."""
+    never above ``cap``, spread at random by ``jitter`` (0 to 1) so that clients failing
+    together do not retry together. The spread reaches down to ``(1 - jitter)`` of that, never
+    below ``initial``; ``around`` it reaches ``jitter`` either side, never above ``cap``."""
 
     initial: float
     cap: float
     jitter: float = 0.0
+    around: bool = False
 
     def delay(self, n: int, rand: Callable[[], float] = random.random) -> float:
         """The pause before retry number ``n``; ``rand`` draws the jitter from [0, 1)."""
-        top = doubling(n, self.initial, self.cap)
+        top = min(self.cap, self.initial * 2.0 ** min(n, 64))
         if not self.jitter:
             return top
+        if self.around:
+            return min(self.cap, top * (1.0 - self.jitter + 2.0 * self.jitter * rand()))
         low = min(top, max(self.initial, top * (1.0 - self.jitter)))
         return low + (top - low) * rand()
 
