@@ -27,6 +27,7 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.whole import make_whole
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.protocol import CheckpointStore
+from traind.util.child import uninterrupted
 from traind.util.fileio import fsync_dir
 from traind.util.nodes import NodeRank
 from traind.util.poll import poll_until
@@ -130,15 +131,15 @@ class JointResume:
         rank = self._node.rank
         nonce = await asyncio.to_thread(_unanswered, self._ticket) or uuid.uuid4().hex
         await asyncio.to_thread(_keep, self._ticket, nonce, False)
-        await self._retrying(lambda: store.request_start(rank, nonce))
         started = time.monotonic()
-        self.waiting = Waiting(rank, nonce, time.time(), None)
         self._reported = False
 
         async def answer() -> Decision | None:
             return covers(await self._retrying(lambda: self._board_now(store)), rank, nonce)
 
-        try:
+        try:  # a request being written when cancelled is written whole, then withdrawn
+            await self._retrying(lambda: uninterrupted(store.request_start(rank, nonce)))
+            self.waiting = Waiting(rank, nonce, time.time(), None)
             decision = await poll_until(answer, within=None, every=self._poll)
         except BaseException:
             with contextlib.suppress(TraindError, TimeoutError):
