@@ -4,9 +4,8 @@ It runs in its connection's own worker thread, so the event loop pays nothing pe
 Uploads read each request's worth of the local file with ``preadv`` into one reusable buffer
 and hash it there (hashlib releases the GIL), then write the packet header and ``splice`` the
 same file range into the pipe: the kernel hands ssh the page-cache pages just hashed, so the
-data is copied once into this process, for the hash, and never through a pipe buffer. Against
-``writev`` of the buffer that cut client CPU from 1.94 to 1.76 s/GB (bench/ssh_upload.py; a
-pipe write and ssh's read of it cost ~0.6 s/GB together, spliced pages ~0.2). Downloads read
+data is copied once into this process, for the hash, and never through a pipe buffer, which
+costs less client CPU than ``writev`` of the buffer (bench/ssh_upload.py). Downloads read
 each DATA payload straight into a page-aligned staging buffer, hash it there and write whole
 stages with direct I/O where the filesystem takes it (``StagedWriter``). ``REQUESTS``
 requests are kept outstanding so ssh never waits for us; that cannot deadlock, because the
