@@ -52,7 +52,6 @@ class ClaimHeldError(ConflictError):
         )
 
 
-
 def check_claim(tag: str, ours: Writer, holder: Writer, where: str) -> None:
     """Raise ConflictError unless the claim on ``tag`` is ``ours`` (a restart, a retry)."""
     if holder.id != ours.id:

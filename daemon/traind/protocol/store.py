@@ -89,7 +89,7 @@ class CheckpointStore:
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         """Fetch every file of ``manifest`` under ``dest``; return path → sha256 as written
         (the caller verifies and renames). A file missing from the store: IntegrityError."""
-        files = [LocalFile(e.path, e.size) for e in manifest.files]
+        files = commit.local_files(manifest.files)
         source = self.objects
         if self._foreign is not None and manifest.host == foreign.PUSHED_BY and (
                 manifest.writer is None):

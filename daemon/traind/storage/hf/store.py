@@ -310,7 +310,12 @@ class HFStore:
             CommitOperationAdd, self._root + prefix + check_relpath(f.path), str(root / f.path)))
         await self._call("preupload_lfs_files", prefix, self._api.preupload_lfs_files,
                          **self._repo(), additions=ops, revision=self._config.revision)
-        for f, op in zip(files, ops, strict=True):  # sha256 read by CommitOperationAdd
+        # The LFS and Xet uploads hashed what they sent; the library reads the rest (files
+        # small enough to travel in the commit) lazily, on first use: in threads, here.
+        await fan_out([op for op in ops if not op.upload_info.is_hashed],
+                      self._config.concurrency,
+                      lambda op: asyncio.to_thread(lambda: op.upload_info.sha256))
+        for f, op in zip(files, ops, strict=True):
             if op.upload_info.size != f.size:
                 raise IntegrityError(f"{self.where(prefix + f.path)}: changed while sent "
                                      f"({op.upload_info.size} bytes, not {f.size})")
@@ -322,6 +327,12 @@ class HFStore:
                       key: str | None = None, data: bytes = b"", mode: PutMode = CREATE,
                       unless: str | None = None) -> bool:
         paths = [self._root + prefix + check_relpath(f.path) for f in files]
+        ops = [op for f, p in zip(files, paths, strict=True)
+               if (op := self._staged.get(p)) is not None and op.upload_info.size == f.size]
+        staged = {op.path_in_repo for op in ops}
+        await self._verify_uploaded(prefix, ops)  # once: a retried commit sends no bytes
+        extra = [] if key is None else [CommitOperationAdd(self._root + key, bytes(data))]
+        message = f"traind {self._run}: {note} (host {self._host})"
         for _ in range(ATTEMPTS):
             head = await self._head()
             if key is not None and not await self._allows(check_key(key), mode, head):
@@ -329,15 +340,9 @@ class HFStore:
             if unless is not None and await self.list(unless):
                 return False  # listed after the head was read: a later commit fails (412)
             stored = await self._paths(paths, head)
-            ops = [op for f, p in zip(files, paths, strict=True)
-                   if (op := self._staged.get(p)) is not None and op.upload_info.size == f.size]
-            staged = {op.path_in_repo for op in ops}
             if missing := [f.path for f, p in zip(files, paths, strict=True) if p not in staged
                            and (p not in stored or stored[p].size != f.size)]:
                 raise MissingFilesError(prefix.rstrip("/"), missing, self.where(prefix))
-            await self._verify_uploaded(prefix, ops)
-            extra = [] if key is None else [CommitOperationAdd(self._root + key, bytes(data))]
-            message = f"traind {self._run}: {note} (host {self._host})"
             if await self._commit_on([*ops, *extra], message, key, head):
                 for op in ops:
                     self._staged.pop(op.path_in_repo, None)
