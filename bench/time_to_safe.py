@@ -34,7 +34,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.daemon import DaemonProcess, is_event, write_config  # noqa: E402
+from tests.support.daemon import (  # noqa: E402
+    TESTS_NICE,
+    DaemonProcess,
+    is_event,
+    write_config,
+)
 from tests.support.seaweed import running_seaweed  # noqa: E402
 from tests.support.sshd import HOST, SSHServer  # noqa: E402
 
@@ -55,6 +60,7 @@ class Store:
     toml: str
     root: Path | None  # where a local or SSH store keeps its files; None for S3
     bucket_client: Any = None
+    server: int | None = None  # the server's pid (sshd, weed), if it has one
 
     def empty(self) -> None:
         """Remove every stored checkpoint (the next one then needs the same space)."""
@@ -77,7 +83,8 @@ def running_store(kind: str, work: Path) -> Iterator[Store]:
         with running_seaweed(shutil.which("weed") or "weed", work / "seaweed") as server:
             client = server.client()
             client.create_bucket(Bucket="ckpts")
-            yield Store("s3 (SeaweedFS)", server.storage_toml(), None, client)
+            yield Store("s3 (SeaweedFS)", server.storage_toml(), None, client,
+                        server.proc.pid if server.proc else None)
     elif kind == "ssh":
         sshd = SSHServer(shutil.which("sshd") or "/usr/sbin/sshd", work / "sshd")
         sshd.start_sync()
@@ -87,25 +94,28 @@ def running_store(kind: str, work: Path) -> Iterator[Store]:
                 f'user = "{sshd.user}"\nidentity_file = "{sshd.user_key.path}"\n'
                 f'known_hosts = "{sshd.known_hosts}"\nremote_path = "{work / "remote"}"\n'
                 'transfer = "openssh"\n'
-            ), work / "remote")
+            ), work / "remote", server=sshd.pid)
         finally:
             sshd.stop_sync()
     else:
         raise ValueError(f"unknown store {kind!r}")
 
 
-def start_daemon(work: Path, store: Store, extra: str = "",
+def start_daemon(work: Path, store: Store, extra: str = "", run_keys: str = "",
                  limit: Callable[[int], None] = lambda pgid: None) -> tuple[DaemonProcess, Path]:
     """``traind run`` watching a new output_dir under ``work`` and storing to ``store``
-    (``settle`` the config's default, 5 s), once it is ready, and that output_dir;
-    ``limit(pgid)`` is applied to its process group first (a priority, a cgroup)."""
+    (``settle`` and ``transfer_nice`` the config's defaults; ``run_keys`` lines added to
+    ``[run]``), once it
+    is ready, and that output_dir; ``limit(pgid)`` is applied to its process group first (a
+    priority, a cgroup)."""
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(work / "state", ignore_errors=True)
     out.mkdir(parents=True)
     cfg = write_config(work / "traind.toml", run="bench", output_dir=out,
                        state_dir=work / "state", storage=store.toml, extra=extra)
-    cfg.write_text(cfg.read_text().replace('settle = "1s"\n', ""))
+    cfg.write_text(cfg.read_text().replace('settle = "1s"\n', "").replace(TESTS_NICE, "")
+                   .replace("[checkpoints]\n", f"{run_keys}\n[checkpoints]\n"))
     daemon = DaemonProcess(cfg)
     limit(daemon.proc.pid)
     daemon.wait_for("daemon_ready", timeout=60)

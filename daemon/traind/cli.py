@@ -277,6 +277,7 @@ async def _run(args: argparse.Namespace) -> int:
     from traind import config
     from traind.app.daemon import Daemon
     from traind.status.model import RecentErrors
+    from traind.util import priority
 
     path = config_path(args.config)
     settings = config.load(path)
@@ -284,6 +285,9 @@ async def _run(args: argparse.Namespace) -> int:
     configure_logs(args, sys.stdout, processors=[recent.processor])
     stop, reload = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+    if priority.lower_transfers(settings.run.transfer_nice) is not None:
+        priority.lower_session()
+        loop.set_default_executor(priority.executor())
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload.set)

@@ -101,6 +101,10 @@ class RunConfig(Section):
     # With nodes > 1: a checkpoint whose parts have not all arrived this long after the
     # newest one (a host died for good) is reported and deleted from the store by node 0.
     part_timeout: PositiveDuration = 6 * 3600.0
+    # Nice levels the checkpoint transfers (their hashing, copying and sending threads, and
+    # ssh/rsync) run below the daemon on Linux, so the trainer and vLLM it starts, which stay
+    # at the daemon's priority, win the CPU while a checkpoint streams. 0: the same priority.
+    transfer_nice: int = Field(default=10, ge=0, le=19)
 
     @field_validator("name")
     @classmethod

@@ -24,6 +24,11 @@ def is_event(name: str, **fields: object) -> Callable[[Event], bool]:
     return lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
 
 
+TESTS_NICE = "transfer_nice = 0\n"
+"""In ``write_config``'s [run]: a test's daemon shares two cores with the servers and the
+test it runs beside, and its timing bounds assume it is not ranked below them."""
+
+
 def write_config(
     path: Path,
     *,
@@ -44,7 +49,7 @@ name = "{run}"
 output_dir = "{output_dir}"
 state_dir = "{state_dir}"
 stop_timeout = "10s"
-
+{TESTS_NICE}
 [checkpoints]
 settle = "1s"
 poll_interval = "200ms"

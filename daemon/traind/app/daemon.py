@@ -36,6 +36,7 @@ from traind.status.server import StatusServer
 from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.supervisor import Supervisor
+from traind.util import priority
 from traind.util.child import uninterrupted
 from traind.util.retry import Backoff, retrying
 from traind.util.units import parse_floor
@@ -193,6 +194,7 @@ class Daemon:
             nodes=node.nodes,
             node_rank=node.rank,
             node_rank_from=node.source,
+            transfer_nice=priority.transfer_nice(),
         )
         await stop_leftovers(s.run.state_dir, [s.trainer, s.vllm, *s.services])
         for pinned in self._state.dropped:  # let go to open the journal at all

@@ -14,13 +14,28 @@ import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from traind.util import priority
+
 T = TypeVar("T")
 
+KILL_GRACE = 5.0
+"""Seconds a killed child is given to be reaped when its caller was cancelled."""
 
-async def spawn(argv: Sequence[str], **options: Any) -> asyncio.subprocess.Process:
+
+async def spawn(
+    argv: Sequence[str], *, transfer: bool = False, **options: Any
+) -> asyncio.subprocess.Process:
     """Start ``argv`` (never a shell) in a new session, so that its process group is its own;
-    ``options`` as ``asyncio.create_subprocess_exec`` takes them."""
-    return await asyncio.create_subprocess_exec(*argv, start_new_session=True, **options)
+    ``options`` as ``asyncio.create_subprocess_exec`` takes them. A ``transfer`` (ssh or
+    rsync moving checkpoint bytes) runs at the transfer priority (``priority``)."""
+    proc = await asyncio.create_subprocess_exec(*argv, start_new_session=True, **options)
+    if transfer:
+        try:
+            await priority.lower_group(proc.pid)
+        except BaseException:  # cancelled: nobody else holds it to stop it
+            await stop(proc, KILL_GRACE)
+            raise
+    return proc
 
 
 async def spawn_with(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 from tests.support.net import free_port
+from tests.support.procfs import nice_of
 from tests.support.sshd import SSHServer, descendants, keygen
 
 from traind.checkpoints.journal import Journal, JournalSession
@@ -148,3 +149,25 @@ async def test_ssh_failures_read_like_the_sftp_modes(
     error = await openssh_error(sshd, **options[case])
     assert expected in str(error)
     assert isinstance(error, TransientStorageError) == transient
+
+
+async def test_ssh_runs_at_the_transfer_priority(
+    sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint, store: Store,
+) -> None:
+    """With transfers lowered (``traind run`` does it), each ssh carrying checkpoint bytes
+    runs at the transfer nice value, below this process."""
+    from traind.util import priority
+
+    if not priority.per_thread():
+        pytest.skip("per-thread nice is Linux's")
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    priority.lower_transfers(4)
+    try:
+        backend = make_backend(sshd, transfer="openssh")
+        async with asyncio.timeout(60):
+            await store(backend, "checkpoint-1", *checkpoint("checkpoint-1", {"a.bin": b"x"}))
+        ssh = _our_ssh_processes()
+        assert ssh
+        assert {nice_of(pid) for pid in ssh} == {min(19, base + 4)}
+    finally:
+        priority.lower_transfers(0)

@@ -181,7 +181,7 @@ async def _run(
 ) -> None:
     """Run rsync once, reporting its progress through ``advance``; translate a failure into
     a (transient or permanent) StorageError."""
-    proc = await child.spawn(argv, stdin=asyncio.subprocess.PIPE,
+    proc = await child.spawn(argv, transfer=True, stdin=asyncio.subprocess.PIPE,
                              stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     stdin, stdout, stderr_pipe = proc.stdin, proc.stdout, proc.stderr
     assert stdin is not None

@@ -21,7 +21,6 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -33,7 +32,7 @@ from traind.storage.ssh.command import sftp_argv, ssh_failure
 from traind.storage.ssh.link import SSHLink, retrying
 from traind.storage.ssh.openssh import wire
 from traind.storage.ssh.openssh.pipe import ConnectionLost, SFTPPipe
-from traind.util import child
+from traind.util import child, priority
 from traind.util.fileio import temporary_name
 
 P = ParamSpec("P")
@@ -179,7 +178,7 @@ class _Connection:
         self._proc = proc
         self._pipe = pipe
         self._link = link
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="traind-openssh")
+        self._thread = priority.executor(1, "traind-openssh")
         assert proc.stderr is not None
         self._stderr = asyncio.ensure_future(proc.stderr.read())
         self._work: asyncio.Future[Any] | None = None
@@ -197,8 +196,8 @@ class _Connection:
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         try:
             proc = await child.spawn(
-                sftp_argv(link.config, link.known_hosts), stdin=child_in, stdout=child_out,
-                stderr=asyncio.subprocess.PIPE,
+                sftp_argv(link.config, link.known_hosts), transfer=True,
+                stdin=child_in, stdout=child_out, stderr=asyncio.subprocess.PIPE,
             )
         except BaseException as exc:
             os.close(ours_out)
