@@ -286,7 +286,7 @@ async def _run(args: argparse.Namespace) -> int:
     stop, reload = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     if priority.lower_transfers(settings.run.transfer_nice) is not None:
-        priority.lower_session()
+        await priority.lower_session()
         loop.set_default_executor(priority.executor())
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

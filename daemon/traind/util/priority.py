@@ -20,17 +20,17 @@ the whole service, the trainer included.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
+from traind.util.retry import Backoff, retrying
+
 MAX_NICE = 19
-RATE_LIMITED = 0.1
-"""Seconds between autogroup changes the kernel allows a process without CAP_SYS_ADMIN."""
+AUTOGROUP_RETRY = Backoff(0.1, 0.2, jitter=0.5)
+"""The kernel allows one autogroup change in 0.1 s host-wide without CAP_SYS_ADMIN."""
 
 _nice: int | None = None
 """The nice value of transfer work, once ``lower_transfers`` set one."""
@@ -54,17 +54,13 @@ def lower_transfers(by: int) -> int | None:
     return _nice
 
 
-def lower_session() -> bool:
+async def lower_session() -> bool:
     """Lower this process's autogroup to the transfer nice value if it leads its session
     (then the autogroup is this process alone: its children start sessions of their own);
     whether it did. Called once, at the daemon's start."""
     if _nice is None or os.getsid(0) != os.getpid():
         return False
-    for _ in range(2):
-        if (failed := set_autogroup(os.getpid(), _nice)) != errno.EAGAIN:
-            return not failed
-        time.sleep(RATE_LIMITED)
-    return False
+    return await _lower_autogroup(os.getpid(), _nice)
 
 
 def transfer_nice() -> int | None:
@@ -86,21 +82,28 @@ async def lower_group(pgid: int) -> None:
         return
     with contextlib.suppress(OSError):  # already gone
         os.setpriority(os.PRIO_PGRP, pgid, _nice)
-    for _ in range(3):
-        if set_autogroup(pgid, _nice) != errno.EAGAIN:
-            return
-        await asyncio.sleep(RATE_LIMITED)
+    await _lower_autogroup(pgid, _nice)
 
 
-def set_autogroup(pid: int, nice: int) -> int:
-    """Set the nice value of ``pid``'s autogroup; 0, or the errno it failed with (EAGAIN:
-    too soon after another change; ENOENT: no autogroups in this kernel, or ``pid`` gone)."""
+async def _lower_autogroup(pid: int, nice: int) -> bool:
+    """Set the nice value of ``pid``'s autogroup; whether it was set. EAGAIN (another change
+    too recently, anywhere on the host) is retried; ENOENT (no autogroups in this kernel, or
+    ``pid`` gone) and the rest are given up."""
+
+    async def attempt() -> None:
+        _write_autogroup(pid, nice)  # procfs, no disk behind it: answered at once
+
     try:
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(str(nice))
-    except OSError as exc:
-        return exc.errno or errno.EIO
-    return 0
+        await retrying(attempt, AUTOGROUP_RETRY, 2,
+                       lambda exc: isinstance(exc, OSError) and exc.errno == errno.EAGAIN)
+    except OSError:
+        return False
+    return True
+
+
+def _write_autogroup(pid: int, nice: int) -> None:
+    with open(f"/proc/{pid}/autogroup", "w") as f:
+        f.write(str(nice))
 
 
 def executor(workers: int | None = None, name: str = "traind-transfer") -> ThreadPoolExecutor:

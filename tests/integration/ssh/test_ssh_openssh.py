@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 from tests.support.net import free_port
-from tests.support.procfs import nice_of
+from tests.support.procfs import autogroup_nice, nice_of
 from tests.support.sshd import SSHServer, descendants, keygen
 
 from traind.checkpoints.journal import Journal, JournalSession
@@ -169,5 +169,7 @@ async def test_ssh_runs_at_the_transfer_priority(
         ssh = _our_ssh_processes()
         assert ssh
         assert {nice_of(pid) for pid in ssh} == {min(19, base + 4)}
+        if autogroup_nice(os.getpid()) is not None:  # each ssh leads a session of its own
+            assert {autogroup_nice(pid) for pid in ssh} == {min(19, base + 4)}
     finally:
         priority.lower_transfers(0)
