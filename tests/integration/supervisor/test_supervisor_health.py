@@ -82,7 +82,7 @@ async def test_not_ready_before_deadline(serve: Serve) -> None:
 
 async def test_503_is_unhealthy(serve: Serve) -> None:
     """A dead engine (503) for `failures` polls in a row ends the watch."""
-    port = await serve("--fake-engine-dies-after", "0.3")
+    port = await serve("--fake-engine-dies-after", "1.5")  # past readiness, even under load
     check = HealthCheck(health(port), "vllm")
     async with asyncio.timeout(10):
         await check.wait_ready()
@@ -92,7 +92,7 @@ async def test_503_is_unhealthy(serve: Serve) -> None:
 
 async def test_hang_is_unhealthy(serve: Serve) -> None:
     """A server that stops answering is unhealthy after `failures` timeouts."""
-    port = await serve("--fake-unresponsive-after", "0.3")
+    port = await serve("--fake-unresponsive-after", "1.5")  # past readiness, even under load
     check = HealthCheck(health(port, timeout=0.2), "vllm")
     async with asyncio.timeout(10):
         await check.wait_ready()
