@@ -16,9 +16,20 @@ def threads_of(pid: int) -> list[int]:
     return [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
 
 
-def autogroup_nice(pid: int) -> int | None:
-    """The nice value of ``pid``'s autogroup, or None where the kernel has none."""
+def autogroups() -> bool:
+    """Whether this kernel puts each new session in an autogroup of its own."""
     try:
-        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])  # "/autogroup-9 nice 10"
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of ``pid``'s autogroup, or None where it has none: a kernel without
+    autogroups, or a process whose session began before any setsid (init's, as under some CI
+    runners), which reads as an empty file."""
+    try:
+        said = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-9 nice 10"
     except OSError:
         return None
+    return int(said[-1]) if said else None

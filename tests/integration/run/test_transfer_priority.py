@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.support.checkpoints import setup, write_checkpoint
 from tests.support.daemon import TESTS_NICE, DaemonProcess
-from tests.support.procfs import autogroup_nice, nice_of, threads_of
+from tests.support.procfs import autogroup_nice, autogroups, nice_of, threads_of
 
 from traind.util import priority
 
@@ -51,6 +51,6 @@ def test_transfers_run_below_the_trainer(tmp_path: Path) -> None:
     assert min(19, base + 10) in nices.values()  # the threads that hashed and copied
     trainer = seen.read_text().split()
     assert int(trainer[0]) == base  # the trainer, started from the loop's thread
-    if group is not None:  # autogroups: the daemon leads its session, so its own is lowered
+    if autogroups():  # the daemon leads its session, so its own autogroup is lowered
         assert group == min(19, base + 10)
         assert trainer[1] == "0"  # and the trainer's session is a group of its own, at 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 from tests.support.net import free_port
-from tests.support.procfs import autogroup_nice, nice_of
+from tests.support.procfs import autogroup_nice, autogroups, nice_of
 from tests.support.sshd import SSHServer, descendants, keygen
 
 from traind.checkpoints.journal import Journal, JournalSession
@@ -103,14 +104,17 @@ async def test_a_cancelled_upload_stops_its_ssh(
     sshd: SSHServer, make_store: Callable[..., Any], journal: Journal, remote: Path,
     tmp_path: Path,
 ) -> None:
-    """Cancelling an upload mid-file stops and reaps its ssh at once; nothing is published."""
+    """Cancelling an upload mid-file stops and reaps its ssh at once; nothing is published,
+    and the thread's error (its pipe cut) is not left for asyncio to log."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
     objects = make_store(sshd, transfer="openssh")
     root = tmp_path / "staging"
     root.mkdir()
     files = [_sparse(root, "big.bin", 512 * MiB)]
     await journal.staged("checkpoint-1", 1, root, files)
     moving = asyncio.Event()
-    loop = asyncio.get_running_loop()
 
     def moved(nbytes: int) -> None:  # called in the transfer's thread
         loop.call_soon_threadsafe(moving.set)
@@ -126,6 +130,10 @@ async def test_a_cancelled_upload_stops_its_ssh(
     assert _our_ssh_processes() == []
     assert not (remote / "store" / "run1" / "checkpoint-1" / "big.bin").exists()
     assert all(f.sha256 is None for f in await journal.files("checkpoint-1"))
+    await objects.aclose()
+    del upload, objects
+    gc.collect()
+    assert [c["message"] for c in unhandled] == []
 
 
 @pytest.mark.parametrize(
@@ -169,7 +177,7 @@ async def test_ssh_runs_at_the_transfer_priority(
         ssh = _our_ssh_processes()
         assert ssh
         assert {nice_of(pid) for pid in ssh} == {min(19, base + 4)}
-        if autogroup_nice(os.getpid()) is not None:  # each ssh leads a session of its own
+        if autogroups():  # each ssh leads a session of its own
             assert {autogroup_nice(pid) for pid in ssh} == {min(19, base + 4)}
     finally:
         priority.lower_transfers(0)

@@ -262,11 +262,20 @@ class _Connection:
             await child.stop(self._proc, STOP_GRACE, (signal.SIGTERM, signal.SIGKILL))
         pending = [f for f in (self._work, self._stderr) if f is not None]
         await asyncio.wait(pending, timeout=STOP_GRACE)
-        if self._work is None or self._work.done():
+        if self._work is None:
             self._pipe.close()
+        elif self._work.done():
+            self._finished(self._work)
         else:  # stuck in local I/O: close when it returns
-            self._work.add_done_callback(lambda _: self._pipe.close())
+            self._work.add_done_callback(self._finished)
         self._thread.shutdown(wait=False)
+
+    def _finished(self, work: asyncio.Future[Any]) -> None:
+        """Close the pipe once the thread is done with it. Its error, if any, is the cut pipe
+        of a cancelled caller: taken here, or asyncio logs it as never retrieved."""
+        if not work.cancelled():
+            work.exception()
+        self._pipe.close()
 
     def _explain(self, exc: ConnectionLost) -> StorageError:
         """The error ssh's exit means: what its stderr names, else the connection lost."""
