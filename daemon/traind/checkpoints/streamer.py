@@ -306,9 +306,10 @@ class Streamer:
         self._newest_only = on
         if on:
             self.prefer_newest()
-            work = self._committing
+            work, unstored = self._committing, self._queue.unstored
+            # An upload dropped while it still stops is no longer pending: nothing to cancel.
             if (work is not None and work is not asyncio.current_task()
-                    and self.in_flight != self._queue.unstored[0]):
+                    and self.in_flight in unstored[1:]):
                 work.cancel()  # an older one's upload: set aside for the newest
             return
         self._queue.unpark()

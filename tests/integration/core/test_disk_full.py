@@ -235,3 +235,39 @@ async def test_the_snapshot_in_flight_is_dropped_by_stopping_its_upload(tmp_path
     finally:
         running.cancel()
         journal.close()
+
+
+class SlowToStopStore(MemoryBackend):
+    """A memory store whose uploads hang, and take a while to stop when cancelled (a
+    transfer thread finishing its part)."""
+
+    async def upload(
+        self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
+    ) -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.shield(asyncio.sleep(0.5))
+
+
+async def test_a_full_disk_while_a_dropped_upload_still_stops(tmp_path: Path) -> None:
+    """The disk filling up after the only pending checkpoint was dropped, while its
+    upload is still stopping, neither raises nor holds anything back."""
+    state, out = tmp_path / "state", tmp_path / "out"
+    journal = Journal.in_state_dir(state, run_in(tmp_path))
+    streamer = Streamer("r", state, SlowToStopStore(), journal)
+    running = asyncio.create_task(streamer.run())
+    try:
+        write_checkpoint(out, 1)
+        await streamer.stage("checkpoint-1", 1, out / "checkpoint-1")
+        await streamer.complete("checkpoint-1", 1)
+        await until(lambda: streamer.in_flight == "checkpoint-1")
+        await streamer.drop("checkpoint-1")
+        assert streamer.unstored == []
+        assert streamer.in_flight == "checkpoint-1"
+        streamer.newest_only(True)
+        await until(lambda: streamer.in_flight is None)
+        assert not running.done()
+    finally:
+        running.cancel()
+        journal.close()
