@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
 from traind.layout.keys import AGREEMENT_DIR
 from traind.layout.manifest import FileEntry, Manifest, Writer
-from traind.layout.parts import Part, PartsDisagreeError, union
+from traind.layout.parts import Part, PartsDisagreeError, part_name, union
 from traind.protocol import CheckpointStore
 from traind.protocol.lease import ConflictError
 from traind.storage import LocalFile
@@ -110,11 +111,11 @@ async def test_same_path_is_stored_once_and_never_overwritten(
 
 
 async def test_parts_committed_as_their_union_then_deleted_whole(
-    stores: Stores, tmp_path: Path
+    stores: Stores, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Part manifests are listed by rank and read back as stored; the union committed by the
-    last host is what ``committed`` reads on the other; deleting the checkpoint leaves no
-    part, claim or file of it."""
+    last host is what ``committed`` reads on the other; deleting the checkpoint removes the
+    part manifests first and leaves no part, claim or file of it."""
     host0, host1 = stores.checkpoints(), stores.checkpoints()
     files0 = {"__0_0.distcp": b"zero", ".metadata": b"meta", "config.json": b"{}"}
     files1 = {"__1_0.distcp": b"one", "config.json": b"{}"}
@@ -137,7 +138,18 @@ async def test_parts_committed_as_their_union_then_deleted_whole(
         await host1.commit_union(whole)
         assert await host0.committed(TAG) == whole
         assert [m.tag for m in await host0.manifests()] == [TAG]
+        deleted: list[list[str]] = []
+        objects, delete = host0.objects, host0.objects.delete
+
+        async def spy(keys: Sequence[str]) -> None:
+            deleted.append([k.rsplit("/", 1)[-1] for k in keys])
+            await delete(keys)
+
+        monkeypatch.setattr(objects, "delete", spy)
         await host0.delete(TAG)
+        # Part manifests before the manifest: a host whose part waited never sees the union
+        # uncommitted with every part still in (it would commit it again).
+        assert {part_name(0), part_name(1)} <= set(deleted[0])
         assert await host1.part_ranks(TAG) == set()
         assert await host1.part_claim(TAG, 0) is None
         assert await host1.committed(TAG) is None
@@ -174,6 +186,33 @@ async def test_part_pruned_while_waiting_leaves_no_orphan(
             await hosts[0][0].storage.delete(TAG)  # node 0's retention
             with pytest.raises(PartsGoneError):
                 await hosts[1][0].commit(TAG)
+    finally:
+        for _, journal in hosts:
+            journal.close()
+    assert await stores.names(TAG) == []
+
+
+async def test_part_rechecked_while_node_0_prunes_it_claims_nothing(
+    stores: Stores, tmp_path: Path
+) -> None:
+    """A host whose part waited looks again while node 0's delete of the committed
+    checkpoint has removed all but the claims: its part is gone, it claims and stores
+    nothing, and the finished delete leaves nothing behind."""
+    hosts = [await staged_host(tmp_path, rank, stores.checkpoints()) for rank in (0, 1)]
+    raw = stores.make()
+    base = f"{TAG}/"
+    try:
+        async with asyncio.timeout(90):
+            with pytest.raises(PartsPendingError):
+                await hosts[1][0].commit(TAG)
+            await hosts[0][0].commit(TAG)
+            claims = [m.key for m in await raw.list(base) if "traind-writer-" in m.key
+                      or "traind-claims-" in m.key]
+            await raw.delete(sorted({m.key for m in await raw.list(base)} - set(claims)))
+            with pytest.raises(PartsGoneError):
+                await hosts[1][0].commit(TAG)
+            assert sorted(m.key for m in await raw.list(base)) == sorted(claims)
+            await hosts[0][0].storage.delete(TAG)
     finally:
         for _, journal in hosts:
             journal.close()

@@ -69,8 +69,10 @@ class PartCommitter:
 
     async def claim(self, tag: str, ours: Writer) -> None:
         """Take this node's part of ``tag``: this node's for good, never renewed nor taken
-        over."""
-        await self._store().claim_part(tag, self._node.rank, ours)
+        over, so a re-check of a stored part claims nothing (a claim made again while node 0
+        prunes the checkpoint would be left behind)."""
+        if tag not in self._waits:
+            await self._store().claim_part(tag, self._node.rank, ours)
 
     async def commit(self, mine: Manifest, ours: Writer) -> Manifest:
         """Store this host's part of ``mine.tag``, then commit the union when every part is
@@ -81,6 +83,8 @@ class PartCommitter:
             await store.commit_part(Part(mine.run, mine.tag, mine.step, self._node.rank,
                                          self._node.nodes, ours, mine.files, mine.trainer))
         ranks = await store.part_ranks(mine.tag)
+        if mine.tag in self._waits and self._node.rank not in ranks:
+            raise PartsGoneError(mine.tag)  # stored before, deleted since (pruned, given up)
         decision: Manifest | Incomplete
         if missing := tuple(r for r in range(self._node.nodes) if r not in ranks):
             decision = Incomplete(tuple(sorted(ranks)), missing)

@@ -6,8 +6,9 @@ store is listed under the tag, and every file of the manifest must be there with
 what a transfer tool reported (rsync exiting 0) is not proof; a temporary file a killed
 writer left there is removed. On a store that stages what it is sent (the Hub) the files
 and the manifest become visible in one change, the store checking the staged bytes first.
-Deleting removes the manifest first, then the objects, the claims last, so no other writer
-takes the tag meanwhile.
+Deleting removes a multi-node checkpoint's part manifests first (a host whose part waited
+then finds it gone rather than committing the union anew), then the manifest, then the
+objects, the claims last, so no other writer takes the tag meanwhile.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from traind.layout.keys import (
     CLAIM_NAME,
     MANIFEST_NAME,
     PART_CLAIM_PREFIX,
+    PART_PREFIX,
     check_tag,
 )
 from traind.layout.manifest import FileEntry, Manifest, listed
+from traind.layout.parts import part_rank
 from traind.protocol.lease import ConflictError, check_committed, is_claim_file
 from traind.protocol.listed import CLAIMANTS
 from traind.storage.base import CREATE, OVERWRITE, LocalFile, ObjectStore, StagingStore
@@ -121,12 +124,16 @@ def _is_tag(name: str) -> bool:
 
 
 async def delete(store: ObjectStore, tag: str) -> None:
-    """Remove a checkpoint: manifest first, then its objects, its claims last (in one call
-    where the store deletes atomically). Missing is not an error."""
+    """Remove a checkpoint: its part manifests first, then its manifest, then its objects,
+    its claims last (in one call where the store deletes atomically). Missing is not an
+    error."""
     base = f"{check_tag(tag)}/"
     if (await store.capabilities()).atomic_delete:  # all at once: no order to keep
         await store.delete(sorted({m.key for m in await store.list(base)}))
         return
+    if parts := sorted(m.key for m in await store.list(base + PART_PREFIX)
+                       if part_rank(m.key[len(base):]) is not None):
+        await store.delete(parts)
     await store.delete([base + MANIFEST_NAME])
     keys = {m.key for m in await store.list(base)}
     claims = {k for k in keys if is_claim_file(k[len(base):]) or
