@@ -19,11 +19,12 @@ from traind.checkpoints.journal import Journal
 from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
 from traind.checkpoints.streamer import Streamer
 from traind.checkpoints.watcher import StageResult
-from traind.layout.keys import AGREEMENT_DIR
+from traind.layout.keys import AGREEMENT_DIR, PART_CLAIM_PREFIX
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError, part_name, union
 from traind.protocol import CheckpointStore
 from traind.protocol.lease import ConflictError
+from traind.protocol.listed import CLAIMANTS
 from traind.storage import LocalFile
 from traind.util.nodes import NodeRank
 
@@ -193,26 +194,32 @@ async def test_part_pruned_while_waiting_leaves_no_orphan(
 
 
 async def test_part_rechecked_while_node_0_prunes_it_claims_nothing(
-    stores: Stores, tmp_path: Path
+    stores: Stores, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A host whose part waited looks again while node 0's delete of the committed
-    checkpoint has removed all but the claims: its part is gone, it claims and stores
-    nothing, and the finished delete leaves nothing behind."""
+    checkpoint has removed all but the claims, and the delete ends right after the host read
+    its claim: its part is gone, and it claims and stores nothing again."""
     hosts = [await staged_host(tmp_path, rank, stores.checkpoints()) for rank in (0, 1)]
-    raw = stores.make()
-    base = f"{TAG}/"
+    raw, base = stores.make(), f"{TAG}/"
+    host1 = hosts[1][0].storage
+    read = host1.part_claim
+
+    async def read_then_deleted(tag: str, rank: int) -> Writer | None:
+        found = await read(tag, rank)
+        await hosts[0][0].storage.delete(tag)  # node 0's delete ends meanwhile
+        return found
+
     try:
         async with asyncio.timeout(90):
             with pytest.raises(PartsPendingError):
                 await hosts[1][0].commit(TAG)
             await hosts[0][0].commit(TAG)
-            claims = [m.key for m in await raw.list(base) if "traind-writer-" in m.key
-                      or "traind-claims-" in m.key]
-            await raw.delete(sorted({m.key for m in await raw.list(base)} - set(claims)))
+            claims = {m.key for m in await raw.list(base)
+                      if m.key[len(base):].startswith((PART_CLAIM_PREFIX, CLAIMANTS))}
+            await raw.delete(sorted({m.key for m in await raw.list(base)} - claims))
+            monkeypatch.setattr(host1, "part_claim", read_then_deleted)
             with pytest.raises(PartsGoneError):
                 await hosts[1][0].commit(TAG)
-            assert sorted(m.key for m in await raw.list(base)) == sorted(claims)
-            await hosts[0][0].storage.delete(TAG)
     finally:
         for _, journal in hosts:
             journal.close()

@@ -252,7 +252,7 @@ class SlowToStopStore(MemoryBackend):
 
 async def test_a_full_disk_while_a_dropped_upload_still_stops(tmp_path: Path) -> None:
     """The disk filling up after the only pending checkpoint was dropped, while its
-    upload is still stopping, neither raises nor holds anything back."""
+    upload is still stopping, neither raises nor holds back the next checkpoint."""
     state, out = tmp_path / "state", tmp_path / "out"
     journal = Journal.in_state_dir(state, run_in(tmp_path))
     streamer = Streamer("r", state, SlowToStopStore(), journal)
@@ -267,6 +267,10 @@ async def test_a_full_disk_while_a_dropped_upload_still_stops(tmp_path: Path) ->
         assert streamer.in_flight == "checkpoint-1"
         streamer.newest_only(True)
         await until(lambda: streamer.in_flight is None)
+        write_checkpoint(out, 2)
+        await streamer.stage("checkpoint-2", 2, out / "checkpoint-2")
+        await streamer.complete("checkpoint-2", 2)
+        await until(lambda: streamer.in_flight == "checkpoint-2")  # the newest: not held back
         assert not running.done()
     finally:
         running.cancel()
