@@ -58,7 +58,7 @@ def journal_session(tag: str) -> Iterator[_Session]:
     """The upload session a daemon gives a backend for ``tag``, over a journal in a new
     temporary directory (removed afterwards); ``.done`` maps each stored file to its sha256."""
     with tempfile.TemporaryDirectory(prefix="traind-bench-state-") as state:
-        journal = Journal.in_state_dir(Path(state), RunIdentity("bench", Path(state), "bench"))
+        journal = Journal.in_state_dir(Path(state), RunIdentity("bench", Path(state)))
         try:
             yield _Session(journal, tag)
         finally:

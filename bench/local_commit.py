@@ -68,7 +68,7 @@ def timed(fn: object) -> float:
 
 async def traind_commit(src: Path, work: Path) -> float:
     storage = open_storage(LocalStorage(path=work / "store"), "bench")
-    run = RunIdentity("bench", src.parent, storage.describe)
+    run = RunIdentity("bench", src.parent)
     journal = Journal(work / "state/journal.sqlite3", run)
     streamer = Streamer("bench", work / "state", storage, journal)
     started = time.perf_counter()

@@ -222,7 +222,7 @@ async def local_steps(src: Path, work: Path) -> dict[str, float]:
                 fd.close()
         timed_step("read, sha256 and CRC32", started)
         state = work / f"state-steps-{attempt}"
-        journal = Journal.in_state_dir(state, RunIdentity("bench", state, "bench"))
+        journal = Journal.in_state_dir(state, RunIdentity("bench", state))
         try:
             await journal.staged("checkpoint-1", 1, dest,
                                  [LocalFile(rel, path.stat().st_size) for rel, path in files])

@@ -105,8 +105,7 @@ async def host(config: LocalStorage | S3Storage | SSHStorage, run: str, state: P
     """Stage and commit ``src`` as one host; seconds its commit took (the upload)."""
     backend = open_storage(config, run)
     storage: Any = Timed(backend, marks)
-    journal = Journal(state / "journal.sqlite3", RunIdentity(run, src.parent,
-                                                             storage.describe))
+    journal = Journal(state / "journal.sqlite3", RunIdentity(run, src.parent))
     streamer = Streamer(run, state, storage, journal, node=node)
     assert await streamer.stage(TAG, 1, src) is StageResult.STAGED
     await journal.set_state(TAG, "ready")

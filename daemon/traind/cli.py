@@ -491,7 +491,7 @@ async def _verify(args: argparse.Namespace) -> int:
     if not (scratch.is_dir() and os.access(scratch, os.W_OK)):  # not this host's, or not ours
         scratch = Path(tempfile.gettempdir())
     elif (scratch / "journal.sqlite3").is_file():
-        journal = Journal.in_state_dir(scratch, RunIdentity.of(settings, storage))
+        journal = Journal.in_state_dir(scratch, RunIdentity.of(settings))
     try:
         if args.tag is None:
             manifests = sorted(await storage.manifests(), key=lambda m: m.step)
@@ -553,7 +553,7 @@ async def _prune(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
-    journal = Journal.in_state_dir(settings.run.state_dir, RunIdentity.of(settings, storage))
+    journal = Journal.in_state_dir(settings.run.state_dir, RunIdentity.of(settings))
     act = pruner.plan if args.dry_run else pruner.prune
     try:
         result = await act(

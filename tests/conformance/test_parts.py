@@ -164,7 +164,7 @@ async def staged_host(tmp_path: Path, rank: int,
     src.mkdir(parents=True)
     (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
     journal = Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
-                      RunIdentity("run", src.parent, backend.describe))
+                      RunIdentity("run", src.parent))
     streamer = Streamer("run", tmp_path / f"state{rank}", backend, journal,
                         node=NodeRank(rank, 2, "test"))
     assert await streamer.stage(TAG, 4, src) is StageResult.STAGED

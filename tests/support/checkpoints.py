@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 from pathlib import Path
 
 from tests.support.daemon import write_config
@@ -14,50 +13,6 @@ from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.streamer import Streamer
 from traind.protocol import CheckpointStore
-
-OLD_JOURNAL_SCHEMA = """
-CREATE TABLE IF NOT EXISTS checkpoints (
-    tag TEXT PRIMARY KEY,
-    step INTEGER NOT NULL,
-    source TEXT NOT NULL,
-    state TEXT NOT NULL,
-    backend TEXT,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS files (
-    tag TEXT NOT NULL,
-    path TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    sha256 TEXT,
-    mtime_ns INTEGER,
-    PRIMARY KEY (tag, path)
-);
-CREATE TABLE IF NOT EXISTS resume (
-    tag TEXT NOT NULL,
-    path TEXT NOT NULL,
-    state TEXT NOT NULL,
-    PRIMARY KEY (tag, path)
-);
-"""
-"""The journal schema of traind before runs were kept (as that version wrote it)."""
-
-
-def write_old_journal_entry(
-    state_dir: Path, tag: str, step: int, source: Path, state: str, files: dict[str, int]
-) -> None:
-    """Journal ``tag`` in ``state_dir`` as a traind from before runs were kept did (its
-    schema, no run): ``files`` maps relative path to size, none stored yet."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(state_dir / "journal.sqlite3")
-    try:
-        db.executescript(OLD_JOURNAL_SCHEMA)
-        db.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, NULL, 1.0)",
-                   (tag, step, str(source), state))
-        db.executemany("INSERT INTO files VALUES (?, ?, ?, NULL, NULL)",
-                       [(tag, path, size) for path, size in files.items()])
-        db.commit()
-    finally:
-        db.close()
 
 
 def write_checkpoint(
@@ -121,7 +76,7 @@ def rewrite(path: Path, data: bytes) -> str:
 
 def run_in(tmp_path: Path) -> RunIdentity:
     """The run of a test's journal: ``r``, writing its checkpoints to tmp_path/out."""
-    return RunIdentity("r", tmp_path / "out", "memory:")
+    return RunIdentity("r", tmp_path / "out")
 
 
 async def commit_through_streamer(tmp_path: Path, store: CheckpointStore, step: int) -> Journal:

@@ -14,7 +14,7 @@ FILES = 200
 
 
 def journal_with_files(tmp_path: Path) -> Journal:
-    return Journal.in_state_dir(tmp_path / "state", RunIdentity("r", tmp_path / "out", "x"))
+    return Journal.in_state_dir(tmp_path / "state", RunIdentity("r", tmp_path / "out"))
 
 
 async def stage(journal: Journal) -> None:

@@ -134,7 +134,7 @@ class Daemon:
         anything. The daemon lets them go when its ``run`` ends."""
         storage = storage or open_storage(settings.storage, settings.run.name)
         state = await asyncio.to_thread(
-            StateDir.open, settings.run.state_dir, RunIdentity.of(settings, storage)
+            StateDir.open, settings.run.state_dir, RunIdentity.of(settings)
         )
         return cls(settings, storage, state, config_path, recent, restore=restore)
 

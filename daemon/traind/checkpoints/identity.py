@@ -14,24 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traind.config import Settings
-from traind.protocol import CheckpointStore
 
 
 @dataclass(frozen=True)
 class RunIdentity:
-    """A run: its ``name`` and resolved ``output_dir``; ``store`` is the store it is opened
-    with, used only to tell which records of a journal written before runs were kept are
-    this run's."""
+    """A run: its ``name`` and resolved ``output_dir``."""
 
     name: str
     output_dir: Path
-    store: str
 
     @classmethod
-    def of(cls, settings: Settings, storage: CheckpointStore) -> RunIdentity:
-        """The run ``settings`` describe, storing to ``storage``."""
-        output_dir = Path(os.path.realpath(settings.run.output_dir))
-        return cls(settings.run.name, output_dir, storage.describe)
+    def of(cls, settings: Settings) -> RunIdentity:
+        """The run ``settings`` describe."""
+        return cls(settings.run.name, Path(os.path.realpath(settings.run.output_dir)))
 
     @property
     def key(self) -> str:

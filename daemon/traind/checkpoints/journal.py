@@ -15,9 +15,7 @@ daemon would lose every checkpoint after it.
 
 A journal is opened for one run (``RunIdentity``): every row carries its run's key, and
 every query and write sees only that run's rows, so runs sharing a ``state_dir`` never skip,
-resume from, prune or delete each other's checkpoints. Rows of a journal written before runs
-were kept are migrated with an empty run, and claimed by the first run they provably belong
-to (see ``_claim_legacy``).
+resume from, prune or delete each other's checkpoints.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import structlog
 
-from traind.checkpoints.identity import RunIdentity, staging_dir
+from traind.checkpoints.identity import RunIdentity
 from traind.checkpoints.reserve import Reserve
 from traind.errors import JournalError
 from traind.storage import LocalFile
@@ -73,12 +71,8 @@ CREATE TABLE IF NOT EXISTS resume (
     state TEXT NOT NULL,
     PRIMARY KEY (run, tag, path)
 );
-"""
-_LEGACY = ""
-"""The run of rows migrated from a journal written before runs were kept, until claimed."""
-_TABLES = ("checkpoints", "files", "resume")
-
-_CORRUPT_SCHEMA = """
+-- Stored checkpoints found not to match their manifest, by tag and manifest identity: restores
+-- and retention pass over them until the tag is committed again or `traind verify` finds it whole.
 CREATE TABLE IF NOT EXISTS corrupt (
     run TEXT NOT NULL,
     tag TEXT NOT NULL,
@@ -88,9 +82,6 @@ CREATE TABLE IF NOT EXISTS corrupt (
     PRIMARY KEY (run, tag, manifest)
 );
 """
-"""Stored checkpoints found not to match their manifest, by tag and manifest identity:
-restores and retention pass over them until the tag is committed again (a new manifest) or
-``traind verify`` finds it whole."""
 
 
 @dataclass(frozen=True)
@@ -156,85 +147,12 @@ class Journal:
             with _sqlite(path):
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
-                if self._columns("checkpoints") and "run" not in self._columns("checkpoints"):
-                    self._add_column("files", "mtime_ns INTEGER")
-                    self._tx_fn(self._migrate)
                 self._db.executescript(_SCHEMA)
-                self._db.executescript(_CORRUPT_SCHEMA)
-                self._tx_fn(self._claim_legacy, staging_dir(path.parent, run))
         except BaseException:  # e.g. no space for the WAL index: see space.open_journal
             self._db.close()
             raise
         if reserve is not None and not reserve.arm():
             self._reserve_spent = True  # made once the disk has room
-
-    def _columns(self, table: str) -> set[str]:
-        return {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-
-    def _add_column(self, table: str, column: str) -> None:
-        """Add ``column`` to a ``table`` written by an older traind, which lacks it."""
-        name = column.split()[0]
-        if name in self._columns(table):
-            return
-        try:
-            self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
-        except sqlite3.OperationalError as exc:  # another process (traind push) added it
-            if "duplicate column" not in str(exc):
-                raise
-
-    def _migrate(self) -> None:
-        """Rebuild the tables of a journal written before runs were kept, keyed by run too;
-        every row is kept, with the legacy run (another process may have done it first)."""
-        if "run" in self._columns("checkpoints"):
-            return
-        log.info("journal_migrated", to="runs kept apart", path=str(self._path))
-        for table in _TABLES:
-            self._db.execute(f"ALTER TABLE {table} RENAME TO {table}_before_runs")
-        for statement in _SCHEMA.split(";")[:-1]:
-            self._db.execute(statement)
-        for table in _TABLES:
-            columns = ", ".join(sorted(self._columns(f"{table}_before_runs")))
-            self._db.execute(
-                f"INSERT INTO {table} (run, {columns}) "
-                f"SELECT ?, {columns} FROM {table}_before_runs",
-                (_LEGACY,),
-            )
-            self._db.execute(f"DROP TABLE {table}_before_runs")
-
-    def _claim_legacy(self, staging: Path) -> None:
-        """Make this run's the legacy rows that provably are: the checkpoint was in this
-        run's output_dir, and was stored to this run's store or not stored yet. Their
-        snapshots move from the old shared staging into this run's. Any other legacy row
-        stays as it was, for the run it belongs to."""
-        rows = self._db.execute(
-            "SELECT tag, source, backend, state FROM checkpoints WHERE run = ?", (_LEGACY,)
-        ).fetchall()
-        mine = {tag for (tag,) in self._db.execute(
-            "SELECT tag FROM checkpoints WHERE run = ?", (self._key,))}
-        claimed, pending = 0, []
-        for tag, source, backend, state in rows:
-            if (
-                tag in mine
-                or os.path.realpath(source) != os.path.realpath(self.run.output_dir / tag)
-                or backend not in (None, self.run.store)
-            ):
-                continue
-            legacy = staging.parent / tag
-            if legacy.is_dir() and not (staging / tag).exists():
-                staging.mkdir(parents=True, exist_ok=True)
-                legacy.rename(staging / tag)
-            for table in _TABLES:
-                self._db.execute(
-                    f"UPDATE {table} SET run = ? WHERE run = ? AND tag = ?",
-                    (self._key, _LEGACY, tag),
-                )
-            claimed += 1
-            if state in ("staged", "ready"):
-                pending.append(tag)
-        if claimed:
-            log.info("journal_records_claimed", run=self._key, checkpoints=claimed,
-                     pending=pending,
-                     reason="written before runs were kept; from this output_dir and store")
 
     @classmethod
     def in_state_dir(cls, state_dir: Path, run: RunIdentity) -> Journal:

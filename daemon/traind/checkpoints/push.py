@@ -68,7 +68,7 @@ async def push(settings: Settings, source: Path, tag: str | None = None) -> Mani
     tag, step = _tag_and_step(source, tag)
     state_dir = settings.run.state_dir
     storage = open_storage(settings.storage, settings.run.name)
-    journal = Journal.in_state_dir(state_dir, RunIdentity.of(settings, storage))
+    journal = Journal.in_state_dir(state_dir, RunIdentity.of(settings))
     try:
         await _refuse_committed(storage, tag)
         streamer = Streamer(settings.run.name, state_dir, storage, journal,

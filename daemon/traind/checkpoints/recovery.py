@@ -18,7 +18,7 @@ from traind.checkpoints.restore import (
     restore_verified,
 )
 from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import candidates, tag_problem
+from traind.checkpoints.watcher import candidates
 from traind.config import CheckpointsConfig
 from traind.layout.manifest import Manifest
 from traind.protocol import CheckpointStore
@@ -84,10 +84,6 @@ async def recover(
     tracked = []
     ready = []
     for entry in await journal.entries("staged", "ready"):
-        if (problem := tag_problem(entry.tag)) is not None:
-            # Journalled by a version that took any matching name: its snapshot is dropped.
-            log.warning("recovered_skipped", tag=entry.tag, state=entry.state, reason=problem)
-            continue
         have_snapshot = (staging / entry.tag).is_dir()
         if entry.state == "ready":
             ready.append(entry.tag)
@@ -151,8 +147,6 @@ async def resume_point(
     older one is tried.
     """
     for entry in reversed(await journal.entries("committed", "ready", "conflict")):
-        if tag_problem(entry.tag) is not None:
-            continue  # journalled by an older version that took any matching name
         path = output_dir / entry.tag
         reason = await _unusable(journal, entry.tag, path, config)
         if reason is None:
@@ -174,8 +168,6 @@ async def local_resume_point(
     """What ``resume_point`` returns when it can answer without the store: None when there
     is no resume point, or when the newest committed one must be restored first."""
     for entry in reversed(await journal.entries("committed", "ready", "conflict")):
-        if tag_problem(entry.tag) is not None:
-            continue  # journalled by an older version that took any matching name
         path = output_dir / entry.tag
         if await _unusable(journal, entry.tag, path, config) is None:
             return path

@@ -29,9 +29,6 @@ class Layout:
     root: str
     name: str
 
-    def _q(self, leaf: str) -> str:
-        return shlex.quote(f"{self.root}/{leaf}")
-
     @property
     def code(self) -> str:
         """The run's code (the service's working directory)."""

@@ -4,12 +4,11 @@ remembered in the journal (old journals gain the table on open)."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from tests.support.checkpoints import OLD_JOURNAL_SCHEMA, commit_through_streamer, rewrite, run_in
+from tests.support.checkpoints import commit_through_streamer, rewrite, run_in
 
 from traind.checkpoints.journal import Journal
 from traind.checkpoints.recovery import restore_if_fresh, resume_point
@@ -48,26 +47,6 @@ async def test_a_torn_resume_point_corrupt_in_the_store_falls_back(tmp_path: Pat
         assert [tag for tag, _ in await reopened.corrupt()] == ["checkpoint-4"]
     finally:
         reopened.close()
-
-
-async def test_a_journal_from_before_gains_the_corrupt_table(tmp_path: Path) -> None:
-    """A journal written without the corrupt table opens (twice), keeps its rows, and
-    records corrupt checkpoints."""
-    path = tmp_path / "journal.sqlite3"
-    db = sqlite3.connect(path)
-    db.executescript(OLD_JOURNAL_SCHEMA)
-    db.execute("INSERT INTO checkpoints VALUES ('checkpoint-1', 1, ?, 'committed', ?, 0)",
-               (str(tmp_path / "out" / "checkpoint-1"), run_in(tmp_path).store))
-    db.commit()
-    db.close()
-    for _ in range(2):
-        journal = Journal(path, run_in(tmp_path))
-        try:
-            assert [e.tag for e in await journal.entries("committed")] == ["checkpoint-1"]
-            await journal.record_corrupt("checkpoint-2", "abc", "shard: sha256 differs")
-            assert await journal.corrupt() == {("checkpoint-2", "abc"): "shard: sha256 differs"}
-        finally:
-            journal.close()
 
 
 async def test_a_fresh_host_with_no_checkpoint_that_verifies_starts_without_one(

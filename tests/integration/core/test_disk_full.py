@@ -168,7 +168,7 @@ async def test_store_back_on_a_full_disk_commits_the_newest_and_drops_the_rest(
     with tmpfs(tmp_path / "fs", "4m") as fs:
         out, state = fs / "out", fs / "state"
         store = DownStore()
-        journal = Journal.in_state_dir(state, RunIdentity("r", out, "memory:"))
+        journal = Journal.in_state_dir(state, RunIdentity("r", out))
         streamer = Streamer("r", state, store, journal, retry_initial=0.1, retry_max=0.2)
         guard = SpaceGuard(out, streamer, journal, (1.5, 0))
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from tests.support.checkpoints import setup, stored, write_checkpoint, write_old_journal_entry
+from tests.support.checkpoints import setup, stored, write_checkpoint
 from tests.support.daemon import DaemonProcess, is_event
 
 ODD_DIRS = ["checkpoint-201 copy 2", "checkpoint-ü-201", "checkpoint-final"]
@@ -47,52 +46,6 @@ def test_odd_directory_names_are_skipped_with_one_warning(tmp_path: Path) -> Non
     assert sorted(e["name"] for e in skipped) == sorted(ODD_DIRS)
     assert all(e["level"] == "warning" for e in skipped)
     assert not daemon.named("checkpoint_unusable")
-
-
-def test_odd_name_journalled_by_an_older_version_does_not_crash_the_restart(
-    tmp_path: Path,
-) -> None:
-    """A staged entry and snapshot left for an invalid tag (the old crash loop) are dropped
-    at start-up with a warning; the daemon runs and commits the next checkpoint."""
-    out, store, cfg = setup(tmp_path)
-    name = "checkpoint-201 copy 2"
-    write_odd(out, name)
-    staging = tmp_path / "state" / "staging" / name
-    staging.mkdir(parents=True)
-    (staging / "model.bin").write_bytes(b"m" * 100)
-    write_old_journal_entry(tmp_path / "state", name, 2, out / name, "ready", {"model.bin": 100})
-    daemon = DaemonProcess(cfg)
-    try:
-        daemon.wait_for("daemon_ready", timeout=20)
-        expected = {"checkpoint-3": write_checkpoint(out, 3)}
-        committed(daemon, "checkpoint-3")
-        assert daemon.stop() == 0
-    finally:
-        daemon.kill()
-    assert stored(store, "exp") == expected
-    assert [e["tag"] for e in daemon.named("recovered_skipped")] == [name]
-    assert not staging.exists()
-
-
-def test_odd_name_journalled_by_an_older_version_is_no_resume_point(tmp_path: Path) -> None:
-    """A ready entry an older version journalled for an invalid tag, newer than every valid
-    checkpoint, is not handed to the trainer as the checkpoint to resume from."""
-    out, _, cfg = setup(tmp_path)
-    name = "checkpoint-ü-201"
-    write_odd(out, name)
-    write_old_journal_entry(tmp_path / "state", name, 201, out / name, "ready",
-                            {"model.bin": 100})
-    dump = tmp_path / "resume.txt"
-    code = f"import os; open({str(dump)!r}, 'w').write(os.environ.get('TRAIND_RESUME_FROM', '-'))"
-    trainer = json.dumps([sys.executable, "-c", code])
-    cfg.write_text(cfg.read_text() + f"\n[trainer]\ncommand = {trainer}\n")
-    daemon = DaemonProcess(cfg)
-    try:
-        daemon.wait_for("child_exited", timeout=30)
-        assert daemon.stop() == 0
-    finally:
-        daemon.kill()
-    assert dump.read_text() == "-"
 
 
 def test_odd_file_names_inside_a_checkpoint_are_committed(tmp_path: Path) -> None:

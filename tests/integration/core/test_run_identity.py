@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.checkpoints import OLD_JOURNAL_SCHEMA, stored, write_checkpoint
+from tests.support.checkpoints import stored, write_checkpoint
 from tests.support.daemon import DaemonProcess, is_event, write_config
 
 from traind.checkpoints import pruner, recovery
@@ -86,8 +85,8 @@ def test_recovery_never_removes_another_runs_staging(tmp_path: Path) -> None:
     """A snapshot run a left waiting for its upload survives run b's start-up cleanup, and
     is queued again when a starts."""
     state = tmp_path / "state"
-    a = RunIdentity("a", tmp_path / "out-a", "memory:")
-    b = RunIdentity("b", tmp_path / "out-b", "memory:")
+    a = RunIdentity("a", tmp_path / "out-a")
+    b = RunIdentity("b", tmp_path / "out-b")
 
     async def main() -> None:
         store = MemoryBackend()
@@ -124,8 +123,8 @@ def test_another_runs_snapshot_does_not_ack_this_runs_trainer(tmp_path: Path) ->
     """A snapshot of run b (``traind push`` of the same tag, say) is not an ack for run a's
     trainer, which would then rotate its own checkpoint away before it is snapshot."""
     state = tmp_path / "state"
-    a = RunIdentity("a", tmp_path / "out-a", "memory:")
-    b = RunIdentity("b", tmp_path / "out-b", "memory:")
+    a = RunIdentity("a", tmp_path / "out-a")
+    b = RunIdentity("b", tmp_path / "out-b")
 
     async def main() -> None:
         ja, jb = Journal.in_state_dir(state, a), Journal.in_state_dir(state, b)
@@ -143,45 +142,14 @@ def test_another_runs_snapshot_does_not_ack_this_runs_trainer(tmp_path: Path) ->
     asyncio.run(main())
 
 
-def test_upgraded_daemon_uploads_the_snapshot_an_old_journal_left_waiting(tmp_path: Path) -> None:
-    """A checkpoint that today's traind snapshot and left waiting for its upload (old
-    journal, old shared staging) is committed by the upgraded daemon of the same run."""
-    out, cfg = run_config(tmp_path, "a")
-    saved = write_checkpoint(out, 2)
-    source = out / "checkpoint-2"
-    snapshot = tmp_path / "state" / "staging" / "checkpoint-2"
-    snapshot.mkdir(parents=True)
-    db = sqlite3.connect(tmp_path / "state" / "journal.sqlite3")
-    db.executescript(OLD_JOURNAL_SCHEMA)
-    db.execute("INSERT INTO checkpoints VALUES ('checkpoint-2', 2, ?, 'ready', NULL, 1.0)",
-               (str(source),))
-    for path in source.iterdir():
-        os.link(path, snapshot / path.name)
-        st = path.stat()
-        db.execute("INSERT INTO files VALUES ('checkpoint-2', ?, ?, NULL, ?)",
-                   (path.name, st.st_size, st.st_mtime_ns))
-    db.commit()
-    db.close()
-    daemon = DaemonProcess(cfg)
-    try:
-        daemon.wait_for("journal_records_claimed", timeout=30)
-        daemon.wait_for("recovered_upload", timeout=30)
-        daemon.wait_for("checkpoint_committed", timeout=60)
-        assert daemon.stop() == 0
-    finally:
-        daemon.kill()
-    assert stored(tmp_path / "store", "a") == {"checkpoint-2": saved}
-    assert not list((tmp_path / "state" / "staging").glob("**/*.bin"))
-
-
 def test_resume_point_and_retention_see_only_this_runs_records(tmp_path: Path) -> None:
     """Another run on the same state_dir neither resumes from run a's newest checkpoint
     (same name: a's weights restored into its own output_dir) nor prunes a's local copies
     (same output_dir: a's records are not its commits)."""
     state = tmp_path / "state"
-    a = RunIdentity("exp", tmp_path / "out-a", "memory:")
-    same_name = RunIdentity("exp", tmp_path / "out-b", "memory:")
-    same_dir = RunIdentity("other", a.output_dir, "memory:")
+    a = RunIdentity("exp", tmp_path / "out-a")
+    same_name = RunIdentity("exp", tmp_path / "out-b")
+    same_dir = RunIdentity("other", a.output_dir)
     config = CheckpointsConfig()
 
     async def main() -> None:

@@ -74,7 +74,7 @@ async def test_an_empty_part_given_up_by_node_0_is_not_claimed_again(tmp_path: P
     src.mkdir(parents=True)
     (src / EXPLICIT_MARKER).write_text("{}")
     journal = Journal(tmp_path / "state1" / "journal.sqlite3",
-                      RunIdentity("run", src.parent, backend.describe))
+                      RunIdentity("run", src.parent))
     streamer = Streamer("run", tmp_path / "state1", backend, journal,
                         node=NodeRank(1, 2, "test"))
     assert await streamer.stage("checkpoint-4", 4, src) is StageResult.STAGED

@@ -146,7 +146,7 @@ async def test_shutdown_keeps_a_part_claim_and_says_nothing_released(tmp_path: P
     src.mkdir(parents=True)
     (src / "__1_0.distcp").write_bytes(b"xx")
     journal = Journal(tmp_path / "state1" / "journal.sqlite3",
-                      RunIdentity("run", src.parent, backend.describe))
+                      RunIdentity("run", src.parent))
     streamer = Streamer("run", tmp_path / "state1", backend, journal,
                         node=NodeRank(1, 2, "test"))
     assert await streamer.stage(TAG, 4, src) is StageResult.STAGED

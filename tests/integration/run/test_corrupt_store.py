@@ -106,7 +106,7 @@ def host(tmp_path: Path, name: str, store: Store, extra: str = "") -> Path:
 
 def host_run(tmp_path: Path, name: str) -> RunIdentity:
     """The run the daemon of ``host(tmp_path, name, ...)`` keeps its journal for."""
-    return RunIdentity(RUN, Path(os.path.realpath(tmp_path / name / "out")), "store")
+    return RunIdentity(RUN, Path(os.path.realpath(tmp_path / name / "out")))
 
 
 def committed_1_to_4(tmp_path: Path, store: Store) -> None:

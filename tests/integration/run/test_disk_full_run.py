@@ -39,7 +39,7 @@ STEPS = 24
 
 def daemon_run(out: Path) -> RunIdentity:
     """The run of the daemons these tests start: ``exp``, writing to ``out``."""
-    return RunIdentity("exp", Path(os.path.realpath(out)), "local")
+    return RunIdentity("exp", Path(os.path.realpath(out)))
 
 
 def _when(event: dict[str, object]) -> float:

@@ -50,7 +50,7 @@ async def test_waiting_hosts_requests_do_not_grow_with_the_job(
             (src / f"__{rank}_0.distcp").write_bytes(b"x" * (rank + 1))
             (src / "config.json").write_bytes(b"{}")
             journals.append(Journal(tmp_path / f"state{rank}" / "journal.sqlite3",
-                                    RunIdentity("run1", src.parent, backend.describe)))
+                                    RunIdentity("run1", src.parent)))
             streamer = Streamer("run1", tmp_path / f"state{rank}", backend, journals[-1],
                                 node=NodeRank(rank, NODES, "test"))
             await streamer.stage(TAG, 4, src)
