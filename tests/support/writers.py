@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tests.support.checkpoints import write_checkpoint
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal, JournalSession
-from traind.checkpoints.restore import restore
-from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.restore.download import restore
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal, JournalSession
 from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest, Writer
 from traind.protocol import CheckpointStore

@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from traind.checkpoints.agreement import (
+from traind.checkpoints.intake.watcher import tag_problem
+from traind.checkpoints.multinode.agreement import (
     Board,
     Committed,
     Decision,
@@ -17,7 +18,6 @@ from traind.checkpoints.agreement import (
     newest,
     tally,
 )
-from traind.checkpoints.watcher import tag_problem
 from traind.errors import IntegrityError
 from traind.layout.keys import AGREEMENT_DIR
 

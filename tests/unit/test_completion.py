@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traind.checkpoints.completion import (
+from traind.checkpoints.intake.completion import (
     Action,
     Observation,
     Tracked,
@@ -13,7 +13,7 @@ from traind.checkpoints.completion import (
     settles_in,
     unmarked_settles,
 )
-from traind.checkpoints.watcher import listing, tag_problem
+from traind.checkpoints.intake.watcher import listing, tag_problem
 
 A = frozenset({("model.bin", 10, 1), ("trainer_state.json", 2, 1)})
 B = frozenset({("model.bin", 20, 2), ("trainer_state.json", 2, 1)})

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal, StagedFile
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal, StagedFile
 from traind.errors import JournalError, TraindError
 from traind.storage import LocalFile
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from traind.checkpoints.lifecycle import (
+from traind.checkpoints.commit.lifecycle import (
     DroppedError,
     PartsGoneError,
     PartsPendingError,
     Step,
     step_after,
 )
-from traind.checkpoints.snapshot import RewrittenError
+from traind.checkpoints.intake.snapshot import RewrittenError
 from traind.errors import MissingFilesError, StorageError, TransientStorageError
 from traind.layout.manifest import Writer
 from traind.layout.parts import Incomplete, PartsDisagreeError

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tests.support.requires import missing
 
-from traind.checkpoints.snapshot import (
+from traind.checkpoints.intake.snapshot import (
     EmptyCheckpointError,
     SourceVanishedError,
     observe,

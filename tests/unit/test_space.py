@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from traind.checkpoints.space import (
+from traind.checkpoints.state.space import (
     Pinned,
     floor_bytes,
     retention_seen,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from traind.checkpoints.writer import WRITER_ID_FILE, load_or_create
+from traind.checkpoints.commit.writer import WRITER_ID_FILE, load_or_create
 from traind.errors import TraindError
 from traind.layout.manifest import Manifest, Writer
 from traind.protocol.lease import (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.support.checkpoints import write_checkpoint
 
-from traind.checkpoints.watcher import StageResult, Watcher
+from traind.checkpoints.intake.watcher import StageResult, Watcher
 from traind.config import CheckpointsConfig
 
 

@@ -16,9 +16,9 @@ from tests.support.checkpoints import run_in, write_checkpoint
 from tests.support.fake_hub import FakeHub, running_hub
 from tests.support.waits import until
 
-from traind.checkpoints import recovery
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.restore import recovery
+from traind.checkpoints.state.journal import Journal
 from traind.protocol import open_storage
 from traind.storage.base import OVERWRITE
 

@@ -16,7 +16,7 @@ from tests.conformance.conftest import hf_config
 from tests.support.fake_hub import TOKEN, FakeHub, running_hub
 from tests.support.requires import need_module
 
-from traind.checkpoints.restore import find, restore
+from traind.checkpoints.restore.download import find, restore
 from traind.protocol import open_storage
 from traind.protocol.foreign import PUSHED_BY
 

@@ -11,11 +11,11 @@ from structlog.testing import capture_logs
 from tests.conformance.test_parts import staged_host
 from tests.support.sessions import RecordingSession
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult
+from traind.checkpoints.commit.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake.watcher import StageResult
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 from traind.config import LocalStorage
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError

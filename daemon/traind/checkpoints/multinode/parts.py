@@ -12,8 +12,8 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.commit.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.state.journal import Journal
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.protocol import CheckpointStore

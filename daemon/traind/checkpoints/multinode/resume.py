@@ -22,9 +22,9 @@ from typing import TypeVar
 
 import structlog
 
-from traind.checkpoints.agreement import Board, Committed, Decision, covers, decide, tally
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.whole import make_whole
+from traind.checkpoints.multinode.agreement import Board, Committed, Decision, covers, decide, tally
+from traind.checkpoints.multinode.assemble import make_whole
+from traind.checkpoints.state.journal import Journal
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.protocol import CheckpointStore
 from traind.util.child import uninterrupted

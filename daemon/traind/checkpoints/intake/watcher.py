@@ -17,8 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.changes import Changes
-from traind.checkpoints.completion import (
+from traind.checkpoints.intake.completion import (
     Action,
     Observation,
     Tracked,
@@ -27,7 +26,8 @@ from traind.checkpoints.completion import (
     marked,
     settles_in,
 )
-from traind.checkpoints.snapshot import observe
+from traind.checkpoints.intake.snapshot import observe
+from traind.checkpoints.intake.wakeups import Changes
 from traind.config import CheckpointsConfig
 from traind.errors import UnsafePathError
 from traind.layout.keys import check_tag

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.restore import identity
+from traind.checkpoints.restore.download import identity
+from traind.checkpoints.state.journal import Journal
 from traind.layout.manifest import Manifest
 from traind.protocol import CheckpointStore
 from traind.protocol.lease import ConflictError

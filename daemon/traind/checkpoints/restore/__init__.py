@@ -1,0 +1,1 @@
+"""Restore: a checkpoint downloaded and verified, start-up recovery, and ``traind verify``."""
