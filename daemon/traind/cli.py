@@ -169,7 +169,7 @@ def build_parser(launching: bool = True) -> argparse.ArgumentParser:
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
     if launching:
-        from traind.launch.cli import add_launch_parser
+        from traind.launch.commands.cli import add_launch_parser
 
         add_launch_parser(sub)
     else:
@@ -540,7 +540,7 @@ async def _push(args: argparse.Namespace) -> int:
 
 
 async def _launch(args: argparse.Namespace) -> int:
-    from traind.launch.cli import handle
+    from traind.launch.commands.cli import handle
 
     return await handle(args)
 

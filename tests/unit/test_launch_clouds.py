@@ -9,9 +9,11 @@ import pytest
 from pydantic import SecretStr
 
 from traind.errors import ConfigError
-from traind.launch import lambda_api, nebius_api, runpod_api
 from traind.launch.base import HostState
 from traind.launch.credentials import api_key, assignment_key, toml_key
+from traind.launch.providers.lambda_cloud import api as lambda_api
+from traind.launch.providers.nebius import api as nebius_api
+from traind.launch.providers.runpod import api as runpod_api
 
 
 def test_key_order_is_file_then_environment_then_cli_file(tmp_path: Path) -> None:

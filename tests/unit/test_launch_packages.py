@@ -10,7 +10,7 @@ import pytest
 
 from traind.errors import ConfigError
 from traind.launch.config import InstallSection, load
-from traind.launch.packages import select
+from traind.launch.host.packages import select
 
 REQUIRES = [
     "pydantic>=2.7",

@@ -1,0 +1,1 @@
+"""Nebius AI Cloud."""

@@ -1,0 +1,1 @@
+"""Hosts you already have, over SSH."""
