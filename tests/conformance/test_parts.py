@@ -23,8 +23,8 @@ from traind.layout.keys import AGREEMENT_DIR, PART_CLAIM_PREFIX
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError, part_name, union
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ConflictError
-from traind.protocol.listed import CLAIMANTS
+from traind.protocol.listing_claims import CLAIMANTS
+from traind.protocol.ownership import ConflictError
 from traind.storage import LocalFile
 from traind.util.nodes import NodeRank
 

@@ -18,7 +18,7 @@ from traind.errors import MissingFilesError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
+from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
 from traind.storage.base import Blob
 
 TAG = "checkpoint-7"

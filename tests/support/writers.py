@@ -20,7 +20,7 @@ from traind.checkpoints.state.journal import Journal, JournalSession
 from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest, Writer
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, ConflictError
+from traind.protocol.ownership import ClaimHeldError, ConflictError
 from traind.storage import LocalFile
 
 

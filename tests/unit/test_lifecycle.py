@@ -16,7 +16,7 @@ from traind.checkpoints.intake.snapshot import RewrittenError
 from traind.errors import MissingFilesError, StorageError, TransientStorageError
 from traind.layout.manifest import Writer
 from traind.layout.parts import Incomplete, PartsDisagreeError
-from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
+from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
 
 A, B = Writer("a" * 32, "host-a"), Writer("b" * 32, "host-b")
 

@@ -12,7 +12,7 @@ import pytest
 from traind.checkpoints.commit.writer import WRITER_ID_FILE, load_or_create
 from traind.errors import TraindError
 from traind.layout.manifest import Manifest, Writer
-from traind.protocol.lease import (
+from traind.protocol.ownership import (
     ClaimHeldError,
     ConflictError,
     Lease,

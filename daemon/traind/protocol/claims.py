@@ -2,9 +2,9 @@
 upload runs, released at a shutdown that could not commit, and taken over once stale.
 
 The claim is ``<tag>/traind-writer.json`` holding a ``Lease``. It is made with the store's
-create-only put where that is atomic, else by listing (``listed.py``); it is renewed with a
-replace-if-version put, which on a store with compare-and-swap fails when a taker got in
-first. A takeover creates ``<tag>/traind-takeover-<nonce>.json`` so that one of several
+create-only put where that is atomic, else by listing (``listing_claims.py``); it is renewed
+with a replace-if-version put, which on a store with compare-and-swap fails when a taker got
+in first. A takeover creates ``<tag>/traind-takeover-<nonce>.json`` so that one of several
 takers goes on, then removes the stale writer's objects (and its unfinished uploads).
 On a store that stages what it is sent (the Hub) there is no claim object: the change that
 publishes a checkpoint's files with its manifest is create-only, so the first writer's
@@ -16,9 +16,9 @@ from __future__ import annotations
 from traind.errors import StorageError, TransientStorageError
 from traind.layout.keys import CLAIM_NAME, check_tag
 from traind.layout.manifest import Writer
-from traind.protocol import listed
+from traind.protocol import listing_claims as listed
 from traind.protocol.commit import read_manifest
-from traind.protocol.lease import (
+from traind.protocol.ownership import (
     ConflictError,
     Lease,
     check_committed,

@@ -1,5 +1,5 @@
-"""A multi-node job's resume agreement in the store (checkpoints/multinode/agreement.py decides):
-each host's start request, and node 0's board, under ``.traind-resume/``.
+"""A multi-node job's resume agreement in the store (``checkpoints.multinode.agreement``
+decides): each host's start request, and node 0's board, under ``.traind-resume/``.
 
 Node R's request is the empty object ``.traind-resume/start-<R>-<nonce>``, so node 0 learns
 every rank's from the names of one listing, however many hosts ask. A host deletes its

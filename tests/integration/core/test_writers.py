@@ -15,7 +15,7 @@ from traind.config import LocalStorage
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore, open_storage
-from traind.protocol.lease import ClaimHeldError, ConflictError
+from traind.protocol.ownership import ClaimHeldError, ConflictError
 from traind.protocol.testing import MemoryBackend
 
 A = Writer("a" * 32, "host-a")

@@ -18,7 +18,7 @@ from tests.support.requires import need_module
 
 from traind.checkpoints.restore.download import find, restore
 from traind.protocol import open_storage
-from traind.protocol.foreign import PUSHED_BY
+from traind.protocol.trainer_pushed import PUSHED_BY
 
 PUSH = Path(__file__).parents[2] / "support" / "trainer_push.py"
 REPO = "traind/pushed"

@@ -20,7 +20,7 @@ from traind.config import LocalStorage
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError
 from traind.protocol import CheckpointStore, open_storage
-from traind.protocol.lease import ConflictError
+from traind.protocol.ownership import ConflictError
 from traind.storage import LocalFile, open_objects
 from traind.util.nodes import NodeRank
 

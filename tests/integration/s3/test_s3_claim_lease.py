@@ -23,7 +23,7 @@ from tests.support.writers import (
 
 from traind.config import S3Storage
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, ConflictError
+from traind.protocol.ownership import ClaimHeldError, ConflictError
 
 TAG = "checkpoint-1"
 PREFIX = f"ckpts/run1/{TAG}/"

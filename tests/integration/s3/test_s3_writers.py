@@ -18,7 +18,7 @@ from traind.config import S3Storage
 from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest, Writer
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ConflictError
+from traind.protocol.ownership import ConflictError
 from traind.storage.s3 import conditional
 
 

@@ -12,7 +12,7 @@ from tests.support.writers import check_one_writer_each, close, race
 
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import Manifest, Writer
-from traind.protocol.lease import ConflictError
+from traind.protocol.ownership import ConflictError
 
 
 @pytest.mark.parametrize("transfer", ["sftp", "rsync"])

@@ -35,7 +35,7 @@ from traind.errors import MissingFilesError, StorageError, TraindError
 from traind.layout.manifest import FileEntry, Manifest, Writer, read_trainer_facts
 from traind.layout.parts import PartsDisagreeError
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
+from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
 from traind.storage import LocalFile
 from traind.util.nodes import NodeRank
 from traind.util.progress import Progress, shown

@@ -46,7 +46,7 @@ class Tracked:
     since: float
 
 
-class Action(Enum):
+class ScanAction(Enum):
     """What to do with a directory after a scan."""
 
     WAIT = "wait"
@@ -63,18 +63,18 @@ def unmarked_settles(node_rank: int, nodes: int) -> bool:
 
 
 def decide(tracked: Tracked | None, seen: Observation | None, now: float, settle: float,
-           unmarked_settles: bool = False) -> Action:
+           unmarked_settles: bool = False) -> ScanAction:
     """Decide the next step for one checkpoint directory; with ``unmarked_settles`` one
     holding a file needs no marker to be staged and settle."""
     if seen is None:
-        return Action.COMPLETE if tracked is not None else Action.IGNORE
+        return ScanAction.COMPLETE if tracked is not None else ScanAction.IGNORE
     if not marked(seen, unmarked_settles):
-        return Action.WAIT
+        return ScanAction.WAIT
     if tracked is None or seen.signature != tracked.signature:
-        return Action.STAGE
+        return ScanAction.STAGE
     if seen.explicit or now - tracked.since >= settle:
-        return Action.COMPLETE
-    return Action.WAIT
+        return ScanAction.COMPLETE
+    return ScanAction.WAIT
 
 
 def marked(seen: Observation, unmarked_settles: bool = False) -> bool:
@@ -84,17 +84,17 @@ def marked(seen: Observation, unmarked_settles: bool = False) -> bool:
 
 
 def decide_at_stop(tracked: Tracked | None, seen: Observation | None, writer_gone: bool,
-                   unmarked_settles: bool = False) -> Action:
+                   unmarked_settles: bool = False) -> ScanAction:
     """Decide for one directory in the last scan before shutdown: with the writer gone every
     marked directory (see ``marked``) is complete (snapshot first if this one is not, or
     has changed); otherwise only traind's explicit marker says so."""
     if seen is None:
-        return Action.COMPLETE if tracked is not None else Action.IGNORE
+        return ScanAction.COMPLETE if tracked is not None else ScanAction.IGNORE
     if not marked(seen, unmarked_settles) or not (writer_gone or seen.explicit):
-        return Action.IGNORE
+        return ScanAction.IGNORE
     if tracked is None or seen.signature != tracked.signature:
-        return Action.STAGE
-    return Action.COMPLETE
+        return ScanAction.STAGE
+    return ScanAction.COMPLETE
 
 
 def settles_in(tracked: Tracked, now: float, settle: float) -> float:

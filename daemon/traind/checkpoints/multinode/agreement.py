@@ -29,7 +29,7 @@ class Committed:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ResumeDecision:
     """The resume point of one round: ``tag`` at ``step`` (None: start from scratch), for
     the start requests ``nonces`` (rank → nonce), decided at ``decided_at``."""
 
@@ -45,7 +45,7 @@ class Board:
     """The one object every host polls: the last decision, and the requests node 0 has
     counted towards the next one (``seen``) with the ranks still ``missing``."""
 
-    decision: Decision | None = None
+    decision: ResumeDecision | None = None
     seen: Mapping[int, str] = field(default_factory=dict)
     missing: tuple[int, ...] = ()
 
@@ -68,7 +68,7 @@ class Board:
         try:
             raw = json.loads(data)
             d = raw["decision"]
-            decision = None if d is None else Decision(
+            decision = None if d is None else ResumeDecision(
                 round=int(d["round"]),
                 tag=None if d["tag"] is None else check_tag(str(d["tag"])),
                 step=None if d["step"] is None else int(d["step"]),
@@ -84,14 +84,14 @@ def _ranks(raw: Mapping[str, object]) -> dict[int, str]:
     return {int(rank): str(nonce) for rank, nonce in raw.items()}
 
 
-def covers(board: Board | None, rank: int, nonce: str) -> Decision | None:
+def covers(board: Board | None, rank: int, nonce: str) -> ResumeDecision | None:
     """The decision on ``board`` that answers node ``rank``'s request ``nonce``, if any."""
     if board is None or board.decision is None:
         return None
     return board.decision if board.decision.nonces.get(rank) == nonce else None
 
 
-def fresh(requests: Mapping[int, str], decision: Decision | None) -> dict[int, str]:
+def fresh(requests: Mapping[int, str], decision: ResumeDecision | None) -> dict[int, str]:
     """The requests the previous ``decision`` does not cover (a rank asking again)."""
     done = decision.nonces if decision is not None else {}
     return {rank: nonce for rank, nonce in requests.items() if done.get(rank) != nonce}
@@ -117,7 +117,7 @@ def decide(tallied: Board, committed: Iterable[Committed], now: float) -> Board:
     if tallied.missing:
         raise ValueError(f"no decision while nodes {list(tallied.missing)} are missing")
     last, pick = tallied.decision, newest(committed)
-    return Board(Decision(
+    return Board(ResumeDecision(
         round=(last.round + 1) if last is not None else 1,
         tag=pick.tag if pick is not None else None,
         step=pick.step if pick is not None else None,

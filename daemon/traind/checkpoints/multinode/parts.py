@@ -17,7 +17,7 @@ from traind.checkpoints.state.journal import Journal
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ConflictError
+from traind.protocol.ownership import ConflictError
 from traind.util.nodes import NodeRank
 from traind.util.retry import Backoff
 

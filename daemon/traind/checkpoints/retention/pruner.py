@@ -1,4 +1,4 @@
-"""Apply the retention policy: delete what ``retention.py`` says may go, remotely and locally."""
+"""Apply the retention policy: delete what ``policy.py`` says may go, remotely and locally."""
 
 from __future__ import annotations
 

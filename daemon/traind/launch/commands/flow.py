@@ -62,9 +62,9 @@ async def step(name: str, launch: str, **fields: Any) -> AsyncIterator[dict[str,
              seconds=round(time.monotonic() - started, 3), **fields, **facts)
 
 
-def layout(record: LaunchRecord) -> service.Layout:
+def layout(record: LaunchRecord) -> service.HostPaths:
     """Where this launch's files are on its host."""
-    return service.Layout(record.remote_root, record.name)
+    return service.HostPaths(record.remote_root, record.name)
 
 
 async def run_checked(

@@ -23,7 +23,7 @@ DETECT = (
 
 
 @dataclass(frozen=True)
-class Layout:
+class HostPaths:
     """A launch's files on the host, under one (absolute, once resolved) root directory."""
 
     root: str
@@ -64,7 +64,7 @@ def resolve_root(root: str) -> str:
     return f"mkdir -p {shlex.quote(root)} && cd {shlex.quote(root)} && pwd -P"
 
 
-def install_python(layout: Layout, python: str, venv: bool, requirements: Sequence[str]) -> str:
+def install_python(layout: HostPaths, python: str, venv: bool, requirements: Sequence[str]) -> str:
     """Make the interpreter ready (a venv with ``requirements`` if asked; it must be 3.11+)
     and print its absolute path."""
     check = f'"$PY" -c {shlex.quote("import sys; assert sys.version_info >= (3, 11), sys.version")}'
@@ -79,12 +79,12 @@ def install_python(layout: Layout, python: str, venv: bool, requirements: Sequen
     )
 
 
-def check_config(layout: Layout, python: str) -> list[str]:
+def check_config(layout: HostPaths, python: str) -> list[str]:
     """traind validates its config on the host, without probing storage."""
     return [python, "-m", "traind", "check-config", "--offline", "-c", layout.config]
 
 
-def _unit(layout: Layout, python: str, env: Mapping[str, str], stop_timeout: float) -> str:
+def _unit(layout: HostPaths, python: str, env: Mapping[str, str], stop_timeout: float) -> str:
     """systemd/traind.service's service settings (notify, watchdog, stop order, limits)
     without its filesystem hardening, which would need the run's paths listed."""
 
@@ -125,7 +125,7 @@ def _unit(layout: Layout, python: str, env: Mapping[str, str], stop_timeout: flo
 
 
 def start(
-    kind: str, layout: Layout, python: str, env: Mapping[str, str], *, ready_within: float,
+    kind: str, layout: HostPaths, python: str, env: Mapping[str, str], *, ready_within: float,
     stop_timeout: float,
 ) -> str:
     """Start traind (unless it runs already) and wait until it logs ``daemon_ready``;
@@ -163,7 +163,7 @@ def start(
     )
 
 
-def is_active(kind: str, layout: Layout) -> str:
+def is_active(kind: str, layout: HostPaths) -> str:
     """Exits 0 while traind runs."""
     if kind == "systemd":
         return f"systemctl is-active -q {layout.unit}"
@@ -171,7 +171,7 @@ def is_active(kind: str, layout: Layout) -> str:
     return f"kill -0 \"$(cat {pid} 2>/dev/null)\" 2>/dev/null"
 
 
-def stop(kind: str, layout: Layout, timeout: float) -> str:
+def stop(kind: str, layout: HostPaths, timeout: float) -> str:
     """Stop traind (SIGTERM to its group, SIGKILL after ``timeout``) and remove its unit."""
     if kind == "systemd":
         path = f"/etc/systemd/system/{layout.unit}.service"
@@ -188,7 +188,7 @@ def stop(kind: str, layout: Layout, timeout: float) -> str:
     )
 
 
-def logs(kind: str, layout: Layout, lines: int, follow: bool) -> str:
+def logs(kind: str, layout: HostPaths, lines: int, follow: bool) -> str:
     """Print the last ``lines`` of traind's log; with ``follow``, keep printing until it stops."""
     if kind == "systemd":
         base = f"journalctl -u {layout.unit} -o cat --no-pager -n {lines}"
@@ -205,7 +205,7 @@ def logs(kind: str, layout: Layout, lines: int, follow: bool) -> str:
             f"else exec tail -n {lines} {log}; fi")
 
 
-def pull(layout: Layout, python: str, tag: str) -> str:
+def pull(layout: HostPaths, python: str, tag: str) -> str:
     """Restore checkpoint ``tag`` from the run's store into ``<root>/pulled``, verified;
     traind prints the restored directory."""
     argv = [python, "-m", "traind", "pull", "-c", layout.config, tag, layout.pulled]
