@@ -32,7 +32,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from traind.errors import ConfigError
+from traind.errors import ConfigError, TraindError
 from traind.layout.keys import check_component
 from traind.util import nodes
 from traind.util.address import DEFAULT_LISTEN, parse_listen
@@ -365,7 +365,7 @@ class TrainerConfig(ChildConfig):
     exit_when_done: bool = True  # after the trainer exits 0 and every checkpoint is committed
 
 
-class _NotJSONError(ValueError):
+class _NotJSONError(TraindError, ValueError):
     """An environment override of a list or table whose value is not JSON."""
 
 

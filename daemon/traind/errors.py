@@ -1,7 +1,44 @@
 """The error hierarchy: one root, a few meaningful branches.
 
 Library exceptions (OSError, botocore, asyncssh) are translated into these at the
-boundary where they happen, with the original kept as ``__cause__``.
+boundary where they happen, with the original kept as ``__cause__``. Errors that carry a
+type from a higher layer live beside it (the module in brackets); every one is drawn here,
+and tests/unit/test_errors.py keeps this tree and the code in step::
+
+    TraindError
+    ├── ConfigError
+    ├── RankError  [util.nodes]
+    ├── UnsafePathError
+    ├── JournalError
+    ├── StorageError
+    │   ├── TransientStorageError
+    │   │   ├── ContendedError
+    │   │   └── ConnectionLost  [storage.ssh.openssh.pipe]
+    │   ├── NotFoundError
+    │   ├── IntegrityError
+    │   │   ├── MissingFilesError
+    │   │   └── PartsDisagreeError  [layout.parts]
+    │   ├── ProtocolError  [storage.ssh.openssh.wire]
+    │   └── ConflictError  [protocol.ownership]
+    │       └── ClaimHeldError  [protocol.ownership]
+    ├── CheckpointError
+    │   ├── SourceVanishedError  [checkpoints.intake.snapshot]
+    │   ├── EmptyCheckpointError  [checkpoints.intake.snapshot]
+    │   ├── RewrittenError  [checkpoints.intake.snapshot]
+    │   ├── DroppedError  [checkpoints.commit.lifecycle]
+    │   ├── PartsGoneError  [checkpoints.commit.lifecycle]
+    │   └── PartsPendingError  [checkpoints.commit.lifecycle]
+    ├── SupervisorError
+    │   └── HealthRedirectError  [supervisor.health]
+    ├── DaemonUnreachableError  [status.client]
+    └── LaunchError  [launch.errors]
+        ├── NoOffersError  [launch.errors]
+        ├── ProvisionError  [launch.errors]
+        ├── InstanceNotFoundError  [launch.errors]
+        ├── HostUnreachableError  [launch.errors]
+        ├── RemoteCommandError  [launch.errors]
+        ├── BackendAPIError  [launch.errors]
+        └── LaunchNotFoundError  [launch.errors]
 """
 
 from __future__ import annotations
@@ -139,6 +176,10 @@ class JournalError(TraindError):
 
 class UnsafePathError(TraindError, ValueError):
     """A tag or relative path is not safe to use as a storage key."""
+
+
+class CheckpointError(TraindError):
+    """A checkpoint could not be taken in or committed as it is (not a store failure)."""
 
 
 class SupervisorError(TraindError):

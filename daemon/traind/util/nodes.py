@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from traind.errors import TraindError
+
 RANK_VARIABLES = (
     "SKYPILOT_NODE_RANK",  # SkyPilot, on every node of a num_nodes task
     "DSTACK_NODE_RANK",  # dstack tasks with nodes > 1
@@ -24,7 +26,7 @@ SINGLE = "single node"
 CONFIG = "run.node_rank"
 
 
-class RankError(ValueError):
+class RankError(TraindError):
     """No usable node rank for a job of several hosts (the message names what is wrong)."""
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from enum import Enum
 
 from traind.checkpoints.intake.snapshot import RewrittenError
-from traind.errors import MissingFilesError, StorageError, TraindError
+from traind.errors import CheckpointError, MissingFilesError, StorageError
 from traind.layout.parts import Incomplete, PartsDisagreeError
 from traind.protocol.ownership import ClaimHeldError, ConflictError
 
@@ -49,11 +49,11 @@ class Step(Enum):
     """The store or the disk failed: try again with backoff."""
 
 
-class DroppedError(TraindError):
+class DroppedError(CheckpointError):
     """The checkpoint in flight was let go (``Streamer.drop``) before it was committed."""
 
 
-class PartsGoneError(TraindError):
+class PartsGoneError(CheckpointError):
     """This host's part of a checkpoint is gone from the store (committed, then pruned)."""
 
     def __init__(self, tag: str) -> None:
@@ -61,7 +61,7 @@ class PartsGoneError(TraindError):
         super().__init__(f"{tag}: this host's part is no longer in the store")
 
 
-class PartsPendingError(TraindError):
+class PartsPendingError(CheckpointError):
     """This host's part is stored; other hosts' parts are still missing."""
 
     def __init__(self, tag: str, state: Incomplete) -> None:

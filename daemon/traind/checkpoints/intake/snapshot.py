@@ -24,20 +24,20 @@ from pathlib import Path
 
 from traind.checkpoints.intake.completion import Observation, Signature
 from traind.checkpoints.state.journal import StagedFile, StoredFile
-from traind.errors import TraindError
+from traind.errors import CheckpointError, TraindError
 from traind.layout.keys import check_relpath
 from traind.layout.markers import EXPLICIT_MARKER
 
 
-class SourceVanishedError(TraindError):
+class SourceVanishedError(CheckpointError):
     """The checkpoint directory disappeared while it was being snapshot."""
 
 
-class EmptyCheckpointError(TraindError):
+class EmptyCheckpointError(CheckpointError):
     """The checkpoint directory holds no regular file (nothing to store)."""
 
 
-class RewrittenError(TraindError):
+class RewrittenError(CheckpointError):
     """Files of a snapshot changed after it was taken: the checkpoint was saved again."""
 
     def __init__(self, tag: str, paths: list[str]) -> None:

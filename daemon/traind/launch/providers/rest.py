@@ -20,6 +20,7 @@ import aiohttp
 import structlog
 from pydantic import SecretStr
 
+from traind.errors import TraindError
 from traind.launch.config import CloudSection
 from traind.launch.errors import BackendAPIError, InstanceNotFoundError
 from traind.util.retry import Backoff, retrying
@@ -34,7 +35,7 @@ def bearer(key: Callable[[], SecretStr]) -> Headers:
     return lambda: {"Authorization": f"Bearer {key().get_secret_value()}"}
 
 
-class _Retryable(Exception):
+class _Retryable(TraindError):
     """A 5xx or 429 answer; ``after`` is the server's Retry-After in seconds, if it sent one."""
 
     def __init__(self, message: str, status: int, after: float | None = None) -> None:

@@ -12,6 +12,8 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
+from traind.errors import StorageError
+
 VERSION = 3
 FSYNC = "fsync@openssh.com"
 POSIX_RENAME = "posix-rename@openssh.com"
@@ -77,7 +79,7 @@ class OpenFlag(IntEnum):
     TRUNCATE = 0x10
 
 
-class ProtocolError(ValueError):
+class ProtocolError(StorageError):
     """A packet that does not parse: the stream is not (or no longer) SFTP."""
 
 
