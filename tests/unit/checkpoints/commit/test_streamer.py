@@ -1,5 +1,7 @@
-"""``exit_when_done`` and shutdown wait for the streamer to be idle: every checkpoint
-committed, also one whose upload failed and waits for its retry."""
+"""The streamer over the in-memory store: ``exit_when_done`` and shutdown wait for it to be
+idle (every checkpoint committed, also one whose upload failed and waits for its retry).
+Its step table is tested in test_lifecycle.py; the streamer with real stores and a real
+daemon in tests/integration/ (core/, run/, multinode/) and tests/conformance/."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from tests.support import ROOT
 
 from traind.errors import ConfigError
 from traind.launch.config import InstallSection, load
@@ -21,7 +22,7 @@ REQUIRES = [
     'tomli>=2; python_version < "3.11" and extra == "ssh"',
     'torch>=2.2; extra == "train"',
 ]
-CONFIG = Path(__file__).parents[2] / "config" / "launch.toml"
+CONFIG = ROOT / "config" / "launch.toml"
 
 
 def test_base_and_chosen_extras_without_their_extra_marker() -> None:
