@@ -27,7 +27,8 @@ from traind.checkpoints.multinode.resume import JointResume
 from traind.checkpoints.restore import recovery
 from traind.checkpoints.state.identity import RunIdentity
 from traind.checkpoints.state.journal import Journal
-from traind.checkpoints.state.space import Pinned, SpaceGuard, free_bytes, open_journal
+from traind.checkpoints.state.reserve import free_bytes
+from traind.checkpoints.state.space import Pinned, SpaceGuard, open_journal
 from traind.config import HFStorage, Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.layout.manifest import Manifest

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
 import threading
 import time
@@ -34,7 +33,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 import structlog
 
 from traind.checkpoints.state.identity import RunIdentity
-from traind.checkpoints.state.reserve import Reserve
+from traind.checkpoints.state.reserve import Reserve, free_bytes_known
 from traind.errors import JournalError
 from traind.storage import LocalFile
 from traind.util.retry import Backoff, retrying
@@ -133,7 +132,6 @@ class Journal:
         self.run = run
         self._reserve = reserve
         """Space set aside for this journal's writes on a full disk (see ``reserve``)."""
-        self._reserve_spent = False
         self._key = run.key
         self._path = path
         self._retry = Backoff(retry_initial, retry_max)
@@ -151,8 +149,8 @@ class Journal:
         except BaseException:  # e.g. no space for the WAL index: see space.open_journal
             self._db.close()
             raise
-        if reserve is not None and not reserve.arm():
-            self._reserve_spent = True  # made once the disk has room
+        if reserve is not None:
+            reserve.spent = not reserve.arm()  # made once the disk has room
 
     @classmethod
     def in_state_dir(cls, state_dir: Path, run: RunIdentity) -> Journal:
@@ -179,7 +177,8 @@ class Journal:
             try:
                 await self._run(self._tx, statements)
             except JournalError as exc:
-                if not exc.full or not await self._spend_reserve():
+                if not exc.full or self._reserve is None or not await self._reserve.give(
+                        self._path):
                     raise
                 await self._run(self._tx, statements)
 
@@ -190,7 +189,7 @@ class Journal:
                 failed_at = time.monotonic()
                 log.error(
                     "journal_write_failed", journal=str(self._path), error=str(exc),
-                    free_bytes=_free_bytes(self._path.parent),
+                    free_bytes=free_bytes_known(self._path.parent),
                     hint="retrying until it succeeds; free space in state_dir",
                 )
 
@@ -198,27 +197,8 @@ class Journal:
         if failed_at is not None:
             log.info("journal_write_recovered", journal=str(self._path), attempts=retries,
                      seconds=round(time.monotonic() - failed_at, 3))
-        if self._reserve_spent:
-            await self._restore_reserve()
-
-    async def _spend_reserve(self) -> bool:
-        """Give the reserve's space to the journal (a write failed for lack of it); return
-        whether there was any to give."""
-        if self._reserve is None or not await self._run(self._reserve.release):
-            return False
-        self._reserve_spent = True
-        log.warning("journal_reserve_released", journal=str(self._path),
-                    bytes=self._reserve.size, free_bytes=_free_bytes(self._path.parent),
-                    hint="the disk is full; made again once it has room")
-        return True
-
-    async def _restore_reserve(self) -> None:
-        """Make the reserve again once the disk has room to spare."""
-        assert self._reserve is not None
-        if await self._run(self._reserve.arm):
-            self._reserve_spent = False
-            log.info("journal_reserve_restored", journal=str(self._path),
-                     bytes=self._reserve.size)
+        if self._reserve is not None:
+            await self._reserve.take_back(self._path)
 
     def _tx(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
         def run() -> None:
@@ -440,15 +420,6 @@ def _full(exc: BaseException) -> bool:
     """Whether ``exc`` is a journal write that failed for lack of space: retried until it
     succeeds."""
     return isinstance(exc, JournalError) and exc.full
-
-
-def _free_bytes(directory: Path) -> int | None:
-    """Bytes free to unprivileged writers on ``directory``'s filesystem (None if unknown)."""
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _entry(row: tuple[Any, ...]) -> Entry:

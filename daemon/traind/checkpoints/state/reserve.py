@@ -9,10 +9,15 @@ commit) is made with the room it left; it is made again once the disk has room t
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
+import structlog
+
 from traind.util import fileio
+
+log = structlog.get_logger("traind.journal")
 
 RESERVE_BYTES = 1024 * 1024
 """Enough for hundreds of journal transactions (a few pages each)."""
@@ -42,6 +47,8 @@ class Reserve:
         self._most = most
         self.size = 0
         """The bytes it held when last armed (0: never)."""
+        self.spent = False
+        """Whether it was given to the journal (or could not be made) and is to be made again."""
 
     @classmethod
     def in_state_dir(cls, state_dir: Path) -> Reserve:
@@ -84,3 +91,34 @@ class Reserve:
         except FileNotFoundError:
             return False
         return True
+
+    async def give(self, journal: Path) -> bool:
+        """Give the reserve's space to the journal at ``journal`` (a write failed for lack of
+        it); return whether there was any to give."""
+        if not await asyncio.to_thread(self.release):
+            return False
+        self.spent = True
+        log.warning("journal_reserve_released", journal=str(journal), bytes=self.size,
+                    free_bytes=free_bytes_known(journal.parent),
+                    hint="the disk is full; made again once it has room")
+        return True
+
+    async def take_back(self, journal: Path) -> None:
+        """Make the reserve again, once spent, when the disk has room to spare."""
+        if self.spent and await asyncio.to_thread(self.arm):
+            self.spent = False
+            log.info("journal_reserve_restored", journal=str(journal), bytes=self.size)
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer (the trainer) can still use on ``path``'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def free_bytes_known(path: Path) -> int | None:
+    """``free_bytes``, or None when the filesystem cannot be asked (for a log line)."""
+    try:
+        return free_bytes(path)
+    except OSError:
+        return None

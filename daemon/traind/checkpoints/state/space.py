@@ -24,7 +24,7 @@ from traind.checkpoints.commit.streamer import Streamer
 from traind.checkpoints.intake.watcher import candidates, parse_step
 from traind.checkpoints.state.identity import RunIdentity, staging_dir
 from traind.checkpoints.state.journal import Journal
-from traind.checkpoints.state.reserve import Reserve
+from traind.checkpoints.state.reserve import Reserve, free_bytes
 from traind.errors import JournalError, TraindError
 
 log = structlog.get_logger("traind.space")
@@ -92,12 +92,6 @@ def to_drop(free: int, floor: int, pinned: Sequence[Pinned]) -> list[Pinned]:
         chosen.append(p)
         free += p.frees
     return chosen
-
-
-def free_bytes(path: Path) -> int:
-    """Bytes an unprivileged writer (the trainer) can still use on ``path``'s filesystem."""
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def measure(root: Path) -> tuple[int, int]:
