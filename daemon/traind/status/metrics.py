@@ -26,122 +26,114 @@ COMMIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+_Kind = type[Counter] | type[Gauge] | type[Histogram]
+_TABLE: tuple[tuple[str, _Kind, str, str, tuple[str, ...]], ...] = (
+    ("uploaded_bytes", Counter, "traind_uploaded_bytes_total",
+     "Bytes sent to the storage backend.", ()),
+    ("committed_bytes", Counter, "traind_committed_bytes_total",
+     "Bytes in checkpoints committed.", ()),
+    ("checkpoints_committed", Counter, "traind_checkpoints_committed_total",
+     "Checkpoints committed (manifest written).", ()),
+    ("checkpoints_dropped", Counter, "traind_checkpoints_dropped_total",
+     "Checkpoints let go unstored to keep output_dir's filesystem from filling.", ()),
+    ("child_restarts", Counter, "traind_child_restarts_total",
+     "Restarts of a supervised child.", ("child",)),
+    ("child_exits", Counter, "traind_child_exits_total",
+     "Exits of a supervised child, by exit code (negative: killed by that signal).",
+     ("child", "code")),
+    ("upload_failures", Counter, "traind_upload_failures_total",
+     "Attempts to store a checkpoint that failed (each is retried later).", ()),
+    ("storage_retries", Counter, "traind_storage_retries_total",
+     "Store operations retried after a passing failure, by backend.", ("backend",)),
+    ("commit_seconds", Histogram, "traind_commit_seconds",
+     "Seconds from upload start to manifest written.", ()),
+    ("save_to_safe_seconds", Histogram, "traind_save_to_safe_seconds",
+     "Seconds from the trainer's last write into a checkpoint to its commit.", ()),
+    ("child_hangs", Counter, "traind_child_hangs_total",
+     "Times a supervised child was found hung (vLLM stalled, trainer without progress) "
+     "and restarted.", ("child",)),
+    ("disk_free", Gauge, "traind_disk_free_bytes",
+     "Free bytes on output_dir's filesystem.", ()),
+    ("disk_floor", Gauge, "traind_disk_floor_bytes",
+     "The free-space floor below which unstored snapshots are let go (0: none).", ()),
+    ("queue_depth", Gauge, "traind_queue_depth",
+     "Complete checkpoints waiting for upload.", ()),
+    ("parts_missing", Gauge, "traind_parts_missing",
+     "Multi-node runs: other nodes' parts still missing from the checkpoints whose part "
+     "this node stored (0 once each is committed).", ()),
+    ("last_committed_step", Gauge, "traind_last_committed_step",
+     "Step of the newest committed checkpoint.", ()),
+    ("last_commit_timestamp", Gauge, "traind_last_commit_timestamp_seconds",
+     "Unix time of the newest commit.", ()),
+    ("child_up", Gauge, "traind_child_up",
+     "1 while the supervised child is RUNNING (ready), else 0.", ("child",)),
+    ("child_state", Gauge, "traind_child_state",
+     "The supervised child's state: 1 for the one it is in, 0 for the others.",
+     ("child", "state")),
+)
+"""Every counter, gauge and histogram: the attribute, its kind, name, help and labels."""
+
+
 class Metrics:
     """What the daemon counts; each method is one fact the daemon reports.
 
     Methods are thread-safe (``uploaded`` may be called from upload worker threads).
     """
 
+    uploaded_bytes: Counter
+    committed_bytes: Counter
+    checkpoints_committed: Counter
+    checkpoints_dropped: Counter
+    child_restarts: Counter
+    child_exits: Counter
+    upload_failures: Counter
+    storage_retries: Counter
+    commit_seconds: Histogram
+    save_to_safe_seconds: Histogram
+    child_hangs: Counter
+    disk_free: Gauge
+    disk_floor: Gauge
+    queue_depth: Gauge
+    parts_missing: Gauge
+    last_committed_step: Gauge
+    last_commit_timestamp: Gauge
+    child_up: Gauge
+    child_state: Gauge
+
     def __init__(self, clock: Callable[[], float] = time.time,
                  child_states: Sequence[str] = ()) -> None:
         # The ``*_created`` series (a counter's creation time) double the page and nobody
         # graphs them; the switch is prometheus_client's own, for the whole process.
         disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.registry = CollectorRegistry()
+        self.registry = r = CollectorRegistry()
         self._clock = clock
         self._child_states = tuple(child_states)
         """Every state a child can be in, each exported (1 for the current one, else 0)."""
         self._last_commit: float | None = None
-        r = self.registry
-        self.uploaded_bytes = Counter(
-            "traind_uploaded_bytes_total", "Bytes sent to the storage backend.", registry=r
-        )
-        self.committed_bytes = Counter(
-            "traind_committed_bytes_total", "Bytes in checkpoints committed.", registry=r
-        )
-        self.checkpoints_committed = Counter(
-            "traind_checkpoints_committed_total", "Checkpoints committed (manifest written).",
-            registry=r,
-        )
-        self.checkpoints_dropped = Counter(
-            "traind_checkpoints_dropped_total",
-            "Checkpoints let go unstored to keep output_dir's filesystem from filling.",
-            registry=r,
-        )
-        self.child_restarts = Counter(
-            "traind_child_restarts_total", "Restarts of a supervised child.", ["child"],
-            registry=r,
-        )
-        self.child_exits = Counter(
-            "traind_child_exits_total",
-            "Exits of a supervised child, by exit code (negative: killed by that signal).",
-            ["child", "code"], registry=r,
-        )
-        self.upload_failures = Counter(
-            "traind_upload_failures_total",
-            "Attempts to store a checkpoint that failed (each is retried later).", registry=r,
-        )
-        self.storage_retries = Counter(
-            "traind_storage_retries_total",
-            "Store operations retried after a passing failure, by backend.", ["backend"],
-            registry=r,
-        )
-        self.commit_seconds = Histogram(
-            "traind_commit_seconds", "Seconds from upload start to manifest written.",
-            buckets=COMMIT_BUCKETS, registry=r,
-        )
-        self.save_to_safe_seconds = Histogram(
-            "traind_save_to_safe_seconds",
-            "Seconds from the trainer's last write into a checkpoint to its commit.",
-            buckets=COMMIT_BUCKETS, registry=r,
-        )
-        self.child_hangs = Counter(
-            "traind_child_hangs_total",
-            "Times a supervised child was found hung (vLLM stalled, trainer without progress) "
-            "and restarted.", ["child"], registry=r,
-        )
-        self.disk_free = Gauge(
-            "traind_disk_free_bytes", "Free bytes on output_dir's filesystem.", registry=r
-        )
-        self.disk_floor = Gauge(
-            "traind_disk_floor_bytes",
-            "The free-space floor below which unstored snapshots are let go (0: none).",
-            registry=r,
-        )
-        self.queue_depth = Gauge(
-            "traind_queue_depth", "Complete checkpoints waiting for upload.", registry=r
-        )
-        self.parts_missing = Gauge(
-            "traind_parts_missing",
-            "Multi-node runs: other nodes' parts still missing from the checkpoints whose part "
-            "this node stored (0 once each is committed).", registry=r,
-        )
-        self.last_committed_step = Gauge(
-            "traind_last_committed_step", "Step of the newest committed checkpoint.", registry=r
-        )
-        self.last_commit_timestamp = Gauge(
-            "traind_last_commit_timestamp_seconds", "Unix time of the newest commit.", registry=r
-        )
-        self.child_up = Gauge(
-            "traind_child_up", "1 while the supervised child is RUNNING (ready), else 0.",
-            ["child"], registry=r,
-        )
-        self.child_state = Gauge(
-            "traind_child_state",
-            "The supervised child's state: 1 for the one it is in, 0 for the others.",
-            ["child", "state"], registry=r,
-        )
+        for attr, kind, name, text, labels in _TABLE:
+            metric = (Histogram(name, text, labels, registry=r, buckets=COMMIT_BUCKETS)
+                      if kind is Histogram else kind(name, text, labels, registry=r))
+            setattr(self, attr, metric)
         Info("traind_build", "The running traind: its version and Python's.", registry=r).info(
             {"version": __version__, "python": platform.python_version()}
         )
-        r.register(_Computed(
-            "traind_seconds_since_last_commit", "Seconds since the newest commit.",
-            self.seconds_since_last_commit))
         self._since_save: Callable[[], float | None] = lambda: None
         self._save_interval: Callable[[], float | None] = lambda: None
         self._unsafe: Callable[[], float | None] = lambda: 0.0
-        r.register(_Computed(
-            "traind_seconds_since_last_save",
-            "Seconds since the trainer finished writing its newest checkpoint.",
-            lambda: self._since_save()))
-        r.register(_Computed(
-            "traind_save_interval_seconds",
-            "Seconds between the trainer's last two checkpoint saves.",
-            lambda: self._save_interval()))
-        r.register(_Computed(
-            "traind_newest_checkpoint_unsafe_seconds",
-            "Seconds the newest checkpoint has been written but not committed (0: it is safe).",
-            lambda: self._unsafe()))
+        for name, text, fn in (
+            ("traind_seconds_since_last_commit", "Seconds since the newest commit.",
+             self.seconds_since_last_commit),
+            ("traind_seconds_since_last_save",
+             "Seconds since the trainer finished writing its newest checkpoint.",
+             lambda: self._since_save()),
+            ("traind_save_interval_seconds",
+             "Seconds between the trainer's last two checkpoint saves.",
+             lambda: self._save_interval()),
+            ("traind_newest_checkpoint_unsafe_seconds",
+             "Seconds the newest checkpoint has been written but not committed (0: it is safe).",
+             lambda: self._unsafe()),
+        ):
+            r.register(_Computed(name, text, fn))
 
     def committed(self, step: int, nbytes: int, seconds: float) -> None:
         """A checkpoint of ``nbytes`` at ``step`` was committed after ``seconds``."""
