@@ -63,25 +63,7 @@ def render(status: StatusSnapshot, now: float | None = None) -> str:
         )
     else:
         out.append("committed  none yet")
-    dropped = status.get("dropped", [])
-    if dropped:
-        out.append(f"dropped    {len(dropped)} not stored (disk full while the store was "
-                   f"behind): {', '.join(d['tag'] for d in dropped)}")
-    for held in status.get("held", []):
-        stale = (f"in {duration(held['stale_at'] - now)}" if held["stale_at"] > now
-                 else "now")
-        out.append(f"waiting    {held['tag']} on writer {held['holder']}'s claim (its upload "
-                   f"is not committed; stale {stale} unless renewed)")
-    for part in status.get("parts", []):
-        out.append(f"parts      {part['tag']}: this node ({part['node_rank']}) stored; nodes "
-                   f"{', '.join(map(str, part['present']))} in, "
-                   f"{', '.join(map(str, part['missing']))} missing (not committed yet)")
-    if (resume := status.get("resume")) is not None:
-        missing = resume["missing"]
-        which = ("node 0 has not counted this node's request yet" if missing is None
-                 else f"nodes {', '.join(map(str, missing))} missing")
-        out.append(f"resume     node {resume['node_rank']} waits {duration(now - resume['since'])} "
-                   f"for the resume point every node starts from ({which})")
+    out += _waiting(status, now)
     out.append(f"next prune {_when(status['next_prune'], now)}")
     if status["errors"]:
         out += ["", "recent errors (oldest first)"]
@@ -91,6 +73,33 @@ def render(status: StatusSnapshot, now: float | None = None) -> str:
             if hint := e.get("hint"):
                 out.append(f"            hint: {hint}")
     return "\n".join(out) + "\n"
+
+
+def _waiting(status: StatusSnapshot, now: float) -> list[str]:
+    """Lines for what is held back: snapshots dropped unstored, tags waiting on another
+    writer's claim, parts waiting on other nodes, a start waiting on the resume agreement."""
+    lines: list[str] = []
+    dropped = status.get("dropped", [])
+    if dropped:
+        lines.append(f"dropped    {len(dropped)} not stored (disk full while the store was "
+                     f"behind): {', '.join(d['tag'] for d in dropped)}")
+    for held in status.get("held", []):
+        stale = (f"in {duration(held['stale_at'] - now)}" if held["stale_at"] > now
+                 else "now")
+        lines.append(f"waiting    {held['tag']} on writer {held['holder']}'s claim (its upload "
+                     f"is not committed; stale {stale} unless renewed)")
+    for part in status.get("parts", []):
+        lines.append(f"parts      {part['tag']}: this node ({part['node_rank']}) stored; nodes "
+                     f"{', '.join(map(str, part['present']))} in, "
+                     f"{', '.join(map(str, part['missing']))} missing (not committed yet)")
+    if (resume := status.get("resume")) is not None:
+        missing = resume["missing"]
+        which = ("node 0 has not counted this node's request yet" if missing is None
+                 else f"nodes {', '.join(map(str, missing))} missing")
+        waited = duration(now - resume["since"])
+        lines.append(f"resume     node {resume['node_rank']} waits {waited} for the resume "
+                     f"point every node starts from ({which})")
+    return lines
 
 
 def one_line(status: StatusSnapshot) -> str:
