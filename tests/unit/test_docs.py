@@ -155,3 +155,12 @@ def test_model_keys_sees_nested_and_aliased_keys() -> None:
     keys = model_keys(Settings) | model_keys(LaunchConfig)
     assert {"trainer.restart.policy", "vllm.health.stall_timeout", "storage/s3.bucket",
             "services.name", "lambda.launch_interval", "ssh.hosts.gpu"} <= keys
+
+
+def test_config_examples_fit_in_100_columns() -> None:
+    """The examples in config/ keep their comments short (wrapped at 100 columns); the long
+    explanations are in docs/configuration.md and docs/launch.md."""
+    long = [f"{path.name}:{number}"
+            for path in sorted((ROOT / "config").glob("*.toml"))
+            for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 100]
+    assert not long, f"lines over 100 columns: {long}"
