@@ -25,7 +25,7 @@ from traind.storage import open_objects
 
 BUCKETS = {"region": "us-east-1", "addressing_style": "path",
            "request_checksum_calculation": "when_required", "retries": 1}
-"""The configuration README.md documents for Storage Buckets (beside endpoint_url)."""
+"""The configuration docs/stores/s3.md documents for Storage Buckets (beside endpoint_url)."""
 
 
 async def test_a_checkpoint_through_the_buckets_gateway(s3_server: SeaweedS3,
