@@ -133,20 +133,35 @@ def test_cli_reference_is_the_parser() -> None:
 
 
 def linked(page: Path) -> set[Path]:
-    """The files under docs/ a page links to, resolved."""
-    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
-    return {(page.parent / t).resolve() for t in targets if not re.match(r"\w+:", t)}
+    """The files a page links to, resolved."""
+    return {target for target, _ in links(page)}
+
+
+def links(page: Path) -> list[tuple[Path, str]]:
+    """Each relative link of a page: the file, resolved, and the anchor (``""`` for none)."""
+    found = re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text())
+    return [((page.parent / target).resolve() if target else page.resolve(), anchor)
+            for target, anchor in found if not re.match(r"\w+:", target)]
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub makes of a page's headings: lower case, punctuation dropped, spaces
+    as hyphens."""
+    headings = re.findall(r"^#+ (.*)$", page.read_text(), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
 
 
 def test_every_page_is_linked_from_readme_and_index() -> None:
     """Every docs/ page is linked from README.md and from docs/index.md, and every link
-    between them points at a file that exists."""
+    between them points at a file, and a heading in it, that exists."""
     pages = {p.resolve() for p in DOCS.rglob("*.md")}
     for source in (ROOT / "README.md", DOCS / "index.md"):
         missing = sorted(str(p.relative_to(ROOT)) for p in pages - linked(source) - {source})
         assert not missing, f"{source.name} links no {missing}"
-    for page in [ROOT / "README.md", ROOT / "bench" / "README.md", *pages]:
-        broken = [t for t in linked(page) if not t.exists()]
+    for page in [ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "systemd" / "README.md",
+                 *pages]:
+        broken = [f"{t}#{a}" for t, a in links(page)
+                  if not t.exists() or (a and t.suffix == ".md" and a not in anchors(t))]
         assert not broken, f"{page.relative_to(ROOT)} links to missing {broken}"
 
 
