@@ -11,7 +11,7 @@ from traind.cli import build_parser
 INTRO = """\
 # Command-line reference
 
-Generated from the parsers in `daemon/traind/cli.py` and `daemon/traind/launch/cli.py` by
+Generated from the parsers in `daemon/traind/cli.py` and `daemon/traind/launch/commands/cli.py` by
 `python -m tests.support.cli_reference > docs/cli.md`; `tests/unit/test_docs.py` fails when
 this page and the parser disagree. `traind COMMAND --help` prints the same.
 

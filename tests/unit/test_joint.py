@@ -12,17 +12,17 @@ from typing import cast
 
 import pytest
 from tests.support.waits import until
+from traind.checkpoints.multinode.assemble import make_whole
+from traind.checkpoints.multinode.resume import JointResume
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.joint import JointResume
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.whole import make_whole
 from traind.config import LocalStorage
 from traind.errors import IntegrityError
 from traind.layout.keys import AGREEMENT_DIR
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore, open_storage
 from traind.util.nodes import NodeRank
-from traind.util.retry import Backoff
+from traind.util.retry import BackoffConfig
 
 TAG = "checkpoint-2"
 BYTES = {".metadata": b"meta", "__0_0.distcp": b"rank zero", "__1_0.distcp": b"rank one"}
@@ -56,7 +56,7 @@ async def _no_scan() -> None:
 
 def host(rank: int, nodes: int = 2) -> JointResume:
     return JointResume(NodeRank(rank, nodes, "run.node_rank"), lambda: True, _no_scan,
-                       poll=Backoff(0.01, 0.05))
+                       poll=BackoffConfig(0.01, 0.05))
 
 
 async def test_make_whole_fetches_what_is_lacking_into_new_inodes(
@@ -170,7 +170,7 @@ async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
     ticket = tmp_path / "state1" / "resume-request.json"
     ticket.parent.mkdir()
     slow = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, _no_scan, ticket,
-                       poll=Backoff(30.0, 30.0))
+                       poll=BackoffConfig(30.0, 30.0))
     waiting = asyncio.create_task(slow.agree(store))
     await until(lambda: slow.waiting is not None)  # asked, and read the board once
     async with asyncio.timeout(10):
@@ -179,7 +179,7 @@ async def test_a_host_killed_while_waiting_takes_the_decision_made_for_it(
     with pytest.raises(asyncio.CancelledError):
         await waiting
     again = JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True, _no_scan, ticket,
-                        poll=Backoff(30.0, 30.0))
+                        poll=BackoffConfig(30.0, 30.0))
     async with asyncio.timeout(10):
         nothing = cast(Journal, None)  # not read: there is no checkpoint to resume from
         assert await again.resume_point(store, nothing, tmp_path / "out", print) is None
@@ -201,7 +201,7 @@ async def test_a_ticket_nonce_unfit_for_a_key_is_not_reused(
     ticket.parent.mkdir()
     ticket.write_text(json.dumps({"nonce": "../x y", "answered": False}))
     waiting = asyncio.create_task(JointResume(NodeRank(1, 2, "run.node_rank"), lambda: True,
-                                              0.0, ticket, poll=Backoff(30.0, 30.0)).agree(store))
+                                              0.0, ticket, poll=BackoffConfig(30.0, 30.0)).agree(store))
     try:
         await until(lambda: json.loads(ticket.read_text())["nonce"] != "../x y")
         async with asyncio.timeout(10):  # the ticket is written before the request is

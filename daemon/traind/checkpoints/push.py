@@ -11,20 +11,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from traind.checkpoints import snapshot
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult, parse_step
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake import snapshot
+from traind.checkpoints.intake.watcher import StageResult, parse_step
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 from traind.config import Settings
 from traind.errors import ContendedError, TraindError
 from traind.layout.keys import check_tag
 from traind.layout.manifest import Manifest
 from traind.protocol import CheckpointStore, open_storage
 from traind.util.progress import Progress, shown
-from traind.util.retry import Backoff, retrying
+from traind.util.retry import BackoffConfig, retrying
 
-PUSH_CONTENDED = Backoff(0.5, 4.0, jitter=1.0)
+PUSH_CONTENDED = BackoffConfig(0.5, 4.0, jitter=1.0)
 PUSH_ATTEMPTS = 4
 """A push whose claim collided this often (each a dozen listed attempts) gives up, saying so."""
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from traind.config import RestartConfig
-from traind.util.retry import Backoff
+from traind.util.retry import BackoffConfig
 
 JITTER = 0.2
-"""Backoff delays are spread uniformly over ±20% so restarted children do not move in step."""
+"""BackoffConfig delays are spread uniformly over ±20% so restarted children do not move in step."""
 
 
 class Role(StrEnum):
@@ -25,7 +25,7 @@ class Role(StrEnum):
     TRAINER = "trainer"
 
 
-class Action(StrEnum):
+class RestartAction(StrEnum):
     """What to do after a child stopped."""
 
     RESTART = "restart"
@@ -41,10 +41,10 @@ class History:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RestartDecision:
     """The policy's answer: the action, the backoff delay before a restart, the new history."""
 
-    action: Action
+    action: RestartAction
     reason: str
     history: History
     delay: float = 0.0
@@ -59,7 +59,7 @@ def is_failure(role: Role, returncode: int | None) -> bool:
 def backoff(config: RestartConfig, attempt: int, jitter: float) -> float:
     """Delay before restart number ``attempt`` (0-based): doubling from ``backoff_initial``,
     spread ±JITTER by ``jitter`` drawn from [0, 1), never above ``backoff_max``."""
-    spaced = Backoff(config.backoff_initial, config.backoff_max, JITTER, around=True)
+    spaced = BackoffConfig(config.backoff_initial, config.backoff_max, JITTER, around=True)
     return spaced.delay(attempt, lambda: jitter)
 
 
@@ -71,7 +71,7 @@ def decide(
     uptime: float,
     failed: bool,
     jitter: Callable[[], float] = random.random,
-) -> Decision:
+) -> RestartDecision:
     """Decide what follows a stop after ``uptime`` seconds of running.
 
     A run that lasted ``stable_after`` clears the history. ``always`` restarts clean exits too;
@@ -81,12 +81,12 @@ def decide(
     if uptime >= config.stable_after:
         history = History()
     if not failed and config.policy != "always":
-        return Decision(Action.EXIT, "exited_cleanly", history)
+        return RestartDecision(RestartAction.EXIT, "exited_cleanly", history)
     if config.policy == "never":
-        return Decision(Action.EXIT, "policy_never", history)
+        return RestartDecision(RestartAction.EXIT, "policy_never", history)
     recent = tuple(t for t in history.restarts if now - t < config.window)
     if len(recent) >= config.max_restarts:
-        return Decision(Action.FATAL, "too_many_restarts", History(recent))
+        return RestartDecision(RestartAction.FATAL, "too_many_restarts", History(recent))
     delay = backoff(config, len(recent), jitter())
     reason = "failed" if failed else "always"
-    return Decision(Action.RESTART, reason, History((*recent, now)), delay)
+    return RestartDecision(RestartAction.RESTART, reason, History((*recent, now)), delay)

@@ -26,8 +26,8 @@ from tests.integration.launch.lifecycle import (
 )
 from tests.support.requires import missing, need_binary, need_module
 from tests.support.sshd import SSHServer, keygen
+from traind.launch.commands import flow, manage
 
-from traind.launch import flow, manage
 from traind.launch.config import load
 from traind.launch.errors import HostUnreachableError
 from traind.launch.handles import LaunchStore

@@ -24,8 +24,8 @@ import structlog
 
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.ssh.errors import Target, auth_error, host_key_error, translate
-from traind.util.retry import Backoff
+from traind.storage.ssh.errors import SSHTarget, auth_error, host_key_error, translate
+from traind.util.retry import BackoffConfig
 from traind.util.retry import retrying as retry
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ async def retrying(config: SSHStorage, action: str, attempt: Callable[[], Awaita
     def logged(exc: BaseException, n: int, delay: float) -> None:
         log.warning("ssh_retry", action=action, attempt=n, retry_in=delay, error=str(exc))
 
-    backoff = Backoff(config.backoff_initial, config.backoff_max)
+    backoff = BackoffConfig(config.backoff_initial, config.backoff_max)
     return await retry(attempt, backoff, config.retries, on_retry=logged)
 
 
@@ -81,7 +81,7 @@ class SSHLink:
 
     def __init__(self, config: SSHStorage) -> None:
         self.config = config
-        self.target = Target(config.host, config.port, config.user or getpass.getuser())
+        self.target = SSHTarget(config.host, config.port, config.user or getpass.getuser())
         self.known_hosts = (config.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
         self._sessions: list[_Session] = []
         self._opening = 0
