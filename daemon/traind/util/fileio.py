@@ -32,7 +32,7 @@ WRITE_PIECE = 32 * 1024
 """Bytes per buffered write call at most (as s5cmd writes): SFTP and openssh downloads, and
 local copies and S3 restores where direct writes are not taken (``direct_io``). Small
 writes keep the kernel from sizing new page-cache folios by the write, which costs far more
-CPU per byte for large ones (the README's bench rows)."""
+CPU per byte for large ones (bench/README.md)."""
 
 PART_SUFFIX = ".traind-part"
 """The ending of a file's name while it is written: renamed once whole and fsynced, so a
@@ -98,7 +98,7 @@ def direct_io(fd: int, on: bool = True) -> bool:
     """Switch ``fd`` to direct I/O (``O_DIRECT``) or back; return whether it is now direct.
 
     Direct writes go from the caller's buffer to the disk, without copying into new
-    page-cache pages, a copy that costs more CPU than sha256 (the README's bench notes).
+    page-cache pages, a copy that costs more CPU than sha256 (bench/README.md).
     They need ``ALIGN``-ed offsets, lengths and buffers (see ``write_at``). A file outside
     ``_DIRECT_FILESYSTEMS``, or one whose filesystem refuses, stays buffered (False).
     """

@@ -23,7 +23,7 @@ from aiohttp.payload import Payload
 from traind.util.fileio import SharedFd
 
 try:
-    # ISA-L's CRC32 (the [s3] extra): 0.06 CPU s/GB against zlib's 0.25 (AVX-512 box).
+    # ISA-L's CRC32 (the [s3] extra): a fraction of zlib's CPU (bench/README.md).
     from isal.isal_zlib import crc32
 except ImportError:  # pragma: no cover - the same checksum, only slower
     from zlib import crc32

@@ -105,7 +105,7 @@ async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, targe
         client.meta.events.unregister(event, handler)
     # The client's service model is a large tree of objects that lives as long as the
     # process: frozen, it is left out of every later collection, which otherwise rescans
-    # it as transfers allocate (a share of a restore's CPU: see the README's S3 notes).
+    # it as transfers allocate (a share of a restore's CPU: see bench/README.md).
     gc.freeze()
     return client
 

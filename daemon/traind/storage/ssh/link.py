@@ -5,8 +5,9 @@ Host keys are verified against ``known_hosts`` (the configured file, else
 logged as a warning on every connect. Transfers running at the same time get a connection
 each (up to ``concurrency``): each has its own flow-control window, which is what limits one
 SSH channel to window/RTT on long links, and its own sshd process on the server, which is
-faster than channels sharing one (the README's SSH bench). ``call`` runs an SFTP operation and, when
-the connection fails under it, reconnects with capped exponential backoff and runs it again.
+faster than channels sharing one (bench/README.md's SSH rows). ``call`` runs an SFTP
+operation and, when the connection fails under it, reconnects with capped exponential
+backoff and runs it again.
 """
 
 from __future__ import annotations

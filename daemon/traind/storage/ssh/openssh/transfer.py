@@ -7,8 +7,8 @@ pays Python per 32 KiB packet, and everything per packet (read, hash, send, ackn
 stays in that thread; the event loop only starts and awaits whole files. Connections are
 reused from file to file, up to ``concurrency``; each ssh runs in its own process group and
 is always reaped (``traind.util.child``). A dropped connection is a TransientStorageError, retried
-with backoff like the SFTP mode's. What the choices here were measured against is in the
-README's benchmarks.
+with backoff like the SFTP mode's. What the choices here were measured against is in
+bench/README.md.
 """
 
 from __future__ import annotations
