@@ -12,6 +12,7 @@ import os
 import tomllib
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, Self, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -174,6 +175,16 @@ class S3Storage(Section):
         v = v.strip("/")
         for part in v.split("/") if v else ():
             check_component(part, "prefix component")
+        return v
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        # Every request is signed with the keys: aiohttp refuses a URL's user and password
+        # beside the signature, so such an endpoint would fail every request.
+        if v is not None and "@" in urlsplit(v).netloc:
+            raise ValueError("must not hold a user or password: S3 requests are signed with "
+                             "access_key_id and secret_access_key (or profile)")
         return v
 
 

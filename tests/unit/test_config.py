@@ -431,6 +431,8 @@ def test_a_secret_of_the_wrong_type_is_never_shown(
     assert "storage.region = 5: " in shown  # what is not secret is shown as before
     assert "trainer.env.PLAIN = 7: " in shown
     assert "vllm.health.url = ['http://u:***@127.0.0.1:8001/health']: " in shown
+    assert ("storage.endpoint_url = 'http://admin:***@127.0.0.1:8333': must not hold a user "
+            "or password") in shown
     with pytest.raises(ConfigError) as info:
         config.validate({"run": {"name": "r", "output_dir": str(tmp_path / "out")},
                          "storage": {"type": "hf", "repo_id": "org/ckpts", "token": 123,
