@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal, JournalSession
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal, JournalSession
 
 
 def cpu_now() -> float:

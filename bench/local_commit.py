@@ -26,11 +26,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.daemon import DaemonProcess, write_config
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake.watcher import StageResult
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
 
 try:

@@ -193,9 +193,10 @@ async def local_steps(src: Path, work: Path) -> dict[str, float]:
     snapshot's hard link, the read with sha256 and CRC32, and the journal's record."""
     import mmap
 
-    from traind.checkpoints import snapshot
-    from traind.checkpoints.identity import RunIdentity
-    from traind.checkpoints.journal import Journal, JournalSession
+    from traind.checkpoints.intake import snapshot
+    from traind.checkpoints.state.identity import RunIdentity
+    from traind.checkpoints.state.journal import Journal, JournalSession
+
     from traind.storage import LocalFile
     from traind.storage.s3.buffers import new_digest, read_part
     from traind.util.fileio import SharedFd

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.seaweed import ACCESS_KEY, REGION, SECRET_KEY, running_seaweed
 from tests.support.sshd import HOST, SSHServer
+from traind.checkpoints.commit.streamer import PartsPendingError, Streamer
+from traind.checkpoints.intake.watcher import StageResult
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import PartsPendingError, Streamer
-from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage, S3Storage, SSHStorage
 from traind.layout.manifest import Manifest
 from traind.layout.parts import Part

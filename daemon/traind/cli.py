@@ -172,7 +172,7 @@ def build_parser(launching: bool = True) -> argparse.ArgumentParser:
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
     if launching:
-        from traind.launch.cli import add_launch_parser
+        from traind.launch.commands.cli import add_launch_parser
 
         add_launch_parser(sub)
     else:
@@ -412,7 +412,7 @@ def _age(seconds: float) -> str:
 
 
 async def _pull(args: argparse.Namespace) -> int:
-    from traind.checkpoints.restore import find, restore, restore_newest
+    from traind.checkpoints.restore.download import find, restore, restore_newest
     from traind.errors import IntegrityError
     from traind.protocol import open_storage
     from traind.util.progress import Progress, shown
@@ -481,10 +481,10 @@ def _show_files(files: Sequence[tuple[str, int]]) -> None:
 async def _verify(args: argparse.Namespace) -> int:
     import tempfile
 
-    from traind.checkpoints.check import check, remember
-    from traind.checkpoints.identity import RunIdentity
-    from traind.checkpoints.journal import Journal
-    from traind.checkpoints.restore import find
+    from traind.checkpoints.restore.download import find
+    from traind.checkpoints.restore.verify import check, remember
+    from traind.checkpoints.state.identity import RunIdentity
+    from traind.checkpoints.state.journal import Journal
     from traind.protocol import open_storage
     from traind.util.units import format_size
 
@@ -526,7 +526,7 @@ async def _verify(args: argparse.Namespace) -> int:
 
 
 async def _push(args: argparse.Namespace) -> int:
-    from traind.checkpoints.push import plan, push
+    from traind.checkpoints.commit.push import plan, push
     from traind.util.units import format_size
 
     settings = _settings(args)
@@ -543,15 +543,15 @@ async def _push(args: argparse.Namespace) -> int:
 
 
 async def _launch(args: argparse.Namespace) -> int:
-    from traind.launch.cli import handle
+    from traind.launch.commands.cli import handle
 
     return await handle(args)
 
 
 async def _prune(args: argparse.Namespace) -> int:
-    from traind.checkpoints import pruner
-    from traind.checkpoints.identity import RunIdentity
-    from traind.checkpoints.journal import Journal
+    from traind.checkpoints.retention import pruner
+    from traind.checkpoints.state.identity import RunIdentity
+    from traind.checkpoints.state.journal import Journal
     from traind.protocol import open_storage
 
     settings = _settings(args)

@@ -69,8 +69,8 @@ class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class Backoff(Section):
-    """A section with capped exponential backoff (``traind.util.retry.Backoff``); each one
+class BackoffConfig(Section):
+    """A section with capped exponential backoff (``traind.util.retry.BackoffConfig``); each one
     sets its own defaults for the two keys."""
 
     backoff_initial: Duration
@@ -188,7 +188,7 @@ class S3Storage(Section):
         return v
 
 
-class SSHStorage(Backoff):
+class SSHStorage(BackoffConfig):
     """``[storage] type = "ssh"``: a host reachable over SSH (SFTP, or rsync)."""
 
     type: Literal["ssh"]
@@ -313,7 +313,7 @@ class HealthConfig(Section):
     ready_timeout: PositiveDuration = 900.0
 
 
-class RestartConfig(Backoff):
+class RestartConfig(BackoffConfig):
     """When and how fast a child is restarted (a backoff of 0 restarts at once; a window or
     stable_after of 0 would switch the max_restarts limit off, so they must be positive)."""
 

@@ -87,7 +87,7 @@ def test_readme_commands_set_up_a_fresh_clone(tmp_path: Path) -> None:
         assert re.search(r"^checkpoint-8 +8 ", out, re.M), out[-2000:]
         out, demo_warm = run(DEMO, clone, env, timeout=300)
         assert "installing" not in out, "a second run must reuse .venv as it is"
-        out, tests_fresh = run(f"{TESTS} tests/unit/test_units.py", clone, env, timeout=900)
+        out, tests_fresh = run(f"{TESTS} tests/unit/util/test_units.py", clone, env, timeout=900)
         assert "All checks passed!" in out
         assert "Success: no issues found" in out
         assert re.search(r"\d+ passed", out), out[-2000:]

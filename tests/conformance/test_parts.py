@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 from tests.conformance.conftest import Stores
 from tests.support.sessions import RecordingSession
+from traind.checkpoints.commit.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake.watcher import StageResult
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
+from traind.protocol.listing_claims import CLAIMANTS
+from traind.protocol.ownership import ConflictError
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult
 from traind.layout.keys import AGREEMENT_DIR, PART_CLAIM_PREFIX
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError, part_name, union
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ConflictError
-from traind.protocol.listed import CLAIMANTS
 from traind.storage import LocalFile
 from traind.util.nodes import NodeRank
 

@@ -13,12 +13,12 @@ import pytest
 from tests.conformance.conftest import Stores, claiming, staging
 from tests.conformance.test_primitives import ODD_NAMES, _write
 from tests.support.sessions import RecordingSession
+from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
 
 from traind.errors import MissingFilesError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
 from traind.storage.base import Blob
 
 TAG = "checkpoint-7"

@@ -9,10 +9,10 @@ import sqlite3
 from pathlib import Path
 
 from tests.support.daemon import write_config
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
 from traind.protocol import CheckpointStore
 
 OLD_JOURNAL_SCHEMA = """

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.checkpoints import write_checkpoint
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.restore.download import restore
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal, JournalSession
+from traind.protocol.ownership import ClaimHeldError, ConflictError
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal, JournalSession
-from traind.checkpoints.restore import restore
-from traind.checkpoints.streamer import Streamer
 from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest, Writer
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, ConflictError
 from traind.storage import LocalFile
 
 

@@ -6,27 +6,27 @@ import fnmatch
 import itertools
 
 import pytest
-
-from traind.checkpoints.agreement import (
+from traind.checkpoints.intake.watcher import tag_problem
+from traind.checkpoints.multinode.agreement import (
     Board,
     Committed,
-    Decision,
+    ResumeDecision,
     covers,
     decide,
     fresh,
     newest,
     tally,
 )
-from traind.checkpoints.watcher import tag_problem
+
 from traind.errors import IntegrityError
 from traind.layout.keys import AGREEMENT_DIR
 
 C2, C3, C4 = (Committed(f"checkpoint-{s}", s, float(s)) for s in (2, 3, 4))
 
 
-def decision(round_: int, tag: str | None, **nonces: str) -> Decision:
+def decision(round_: int, tag: str | None, **nonces: str) -> ResumeDecision:
     step = None if tag is None else int(tag.rsplit("-", 1)[1])
-    return Decision(round_, tag, step, {int(r[1:]): n for r, n in nonces.items()}, 1.0)
+    return ResumeDecision(round_, tag, step, {int(r[1:]): n for r, n in nonces.items()}, 1.0)
 
 
 def test_reserved_name_is_never_a_checkpoint_tag() -> None:
@@ -125,7 +125,7 @@ def test_decide_refuses_while_a_rank_is_missing() -> None:
 def test_first_decision_is_round_one() -> None:
     """With no board before, the first decision is round 1."""
     board = decide(tally(1, None, {0: "a"}), [], 1.0)
-    assert board.decision == Decision(1, None, None, {0: "a"}, 1.0)
+    assert board.decision == ResumeDecision(1, None, None, {0: "a"}, 1.0)
 
 
 def test_board_round_trip_and_malformed() -> None:
@@ -141,7 +141,7 @@ def test_board_round_trip_and_malformed() -> None:
             Board.from_json(bad)
 
 
-def _simulate(order: tuple[str, ...], nodes: int) -> dict[int, Decision]:
+def _simulate(order: tuple[str, ...], nodes: int) -> dict[int, ResumeDecision]:
     """Play one interleaving of the hosts' requests (``R<rank>``), commits landing (``C``)
     and node 0's polls (``P``), then poll until decided; return the decision each rank
     was covered by."""
@@ -154,7 +154,7 @@ def _simulate(order: tuple[str, ...], nodes: int) -> dict[int, Decision]:
         tallied = tally(nodes, board, requests)
         board = tallied if tallied.missing else decide(tallied, committed, 0.0)
 
-    got: dict[int, Decision] = {}
+    got: dict[int, ResumeDecision] = {}
     for event in order:
         if event == "C":
             committed.append(Committed(f"checkpoint-{len(committed) + 2}", len(committed) + 2))
@@ -189,5 +189,5 @@ def test_no_interleaving_of_requests_commits_and_polls_splits_the_hosts(nodes: i
         assert got[0].step == 2 + commits, order
 
 
-def _key(d: Decision) -> tuple[int, str | None]:
+def _key(d: ResumeDecision) -> tuple[int, str | None]:
     return d.round, d.tag

@@ -7,8 +7,8 @@ import asyncio
 from typing import cast
 
 import pytest
+from traind.checkpoints.commit import claims as keeper
 
-from traind.checkpoints import keeper
 from traind.layout.manifest import Writer
 from traind.protocol import CheckpointStore
 

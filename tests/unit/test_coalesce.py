@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from traind.checkpoints.coalesce import pinned, superseded_by
+from traind.checkpoints.commit.coalesce import pinned, superseded_by
 
 
 @pytest.mark.parametrize(("step", "waiting", "every", "expected"), [

@@ -12,10 +12,10 @@ from typing import cast
 
 import pytest
 from tests.support.waits import until
+from traind.checkpoints.multinode.assemble import make_whole
+from traind.checkpoints.multinode.resume import JointResume
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.joint import JointResume
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.whole import make_whole
 from traind.config import LocalStorage
 from traind.errors import IntegrityError
 from traind.layout.keys import AGREEMENT_DIR

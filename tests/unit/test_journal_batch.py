@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal, StagedFile
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal, StagedFile
 
 TAG = "checkpoint-1"
 FILES = 200

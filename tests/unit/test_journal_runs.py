@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import OLD_JOURNAL_SCHEMA
+from traind.checkpoints.state.identity import RunIdentity, staging_dir
+from traind.checkpoints.state.journal import Journal, StagedFile
 
-from traind.checkpoints.identity import RunIdentity, staging_dir
-from traind.checkpoints.journal import Journal, StagedFile
 from traind.errors import JournalError, TraindError
 from traind.storage import LocalFile
 

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
+from traind.launch.providers.lambda_cloud import api as lambda_api
+from traind.launch.providers.nebius import api as nebius_api
+from traind.launch.providers.runpod import api as runpod_api
 
 from traind.errors import ConfigError
-from traind.launch import lambda_api, nebius_api, runpod_api
 from traind.launch.base import HostState
 from traind.launch.credentials import api_key, assignment_key, toml_key
 

@@ -7,10 +7,10 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from traind.launch.host.packages import select
 
 from traind.errors import ConfigError
 from traind.launch.config import InstallSection, load
-from traind.launch.packages import select
 
 REQUIRES = [
     "pydantic>=2.7",

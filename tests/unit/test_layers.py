@@ -33,7 +33,7 @@ RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
 
 def unit_of(module: str) -> str | None:
-    """``traind.checkpoints.streamer`` → ``checkpoints``; ``traind`` itself → None."""
+    """``traind.checkpoints.commit.streamer`` → ``checkpoints``; ``traind`` itself → None."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[0] == "traind" else None
 

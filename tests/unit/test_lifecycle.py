@@ -4,19 +4,19 @@ read before its base, and an exception that is no step of a checkpoint's is rais
 from __future__ import annotations
 
 import pytest
-
-from traind.checkpoints.lifecycle import (
+from traind.checkpoints.commit.lifecycle import (
     DroppedError,
     PartsGoneError,
     PartsPendingError,
     Step,
     step_after,
 )
-from traind.checkpoints.snapshot import RewrittenError
+from traind.checkpoints.intake.snapshot import RewrittenError
+from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
+
 from traind.errors import MissingFilesError, StorageError, TransientStorageError
 from traind.layout.manifest import Writer
 from traind.layout.parts import Incomplete, PartsDisagreeError
-from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
 
 A, B = Writer("a" * 32, "host-a"), Writer("b" * 32, "host-b")
 

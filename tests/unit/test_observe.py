@@ -7,11 +7,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from traind.checkpoints.multinode.parts import WaitingParts
+from traind.checkpoints.multinode.resume import Waiting
+from traind.checkpoints.state.space import Pinned
 
 from traind.app.observe import Observer
-from traind.checkpoints.joint import Waiting
-from traind.checkpoints.partcommit import WaitingParts
-from traind.checkpoints.space import Pinned
 from traind.config import RetentionConfig
 from traind.layout.manifest import Manifest
 from traind.status.render import render

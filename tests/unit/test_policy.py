@@ -9,8 +9,8 @@ import pytest
 from traind.config import RestartConfig
 from traind.supervisor.policy import (
     JITTER,
-    Action,
     History,
+    RestartAction,
     Role,
     backoff,
     decide,
@@ -77,7 +77,7 @@ def test_restart_on_failure_with_growing_delay() -> None:
     c, h, delays = cfg(), History(), []
     for i in range(3):
         d = decide(c, h, now=float(i), uptime=0.1, failed=True, jitter=mid)
-        assert d.action is Action.RESTART
+        assert d.action is RestartAction.RESTART
         delays.append(d.delay)
         h = d.history
     assert delays == [1.0, 2.0, 4.0]
@@ -89,7 +89,7 @@ def test_fatal_after_max_restarts_in_window() -> None:
     c = cfg(max_restarts=2)
     h = History((10.0, 20.0))
     d = decide(c, h, now=30.0, uptime=1.0, failed=True, jitter=mid)
-    assert d.action is Action.FATAL
+    assert d.action is RestartAction.FATAL
     assert d.reason == "too_many_restarts"
 
 
@@ -97,7 +97,7 @@ def test_old_restarts_leave_the_window() -> None:
     """Restarts older than the window no longer count, nor raise the backoff exponent."""
     c = cfg(max_restarts=2, window=100.0)
     d = decide(c, History((0.0, 5.0)), now=104.0, uptime=1.0, failed=True, jitter=mid)
-    assert d.action is Action.RESTART
+    assert d.action is RestartAction.RESTART
     assert d.history.restarts == (5.0, 104.0)
     assert d.delay == 2.0
 
@@ -105,7 +105,7 @@ def test_old_restarts_leave_the_window() -> None:
 def test_zero_max_restarts_is_fatal_at_once() -> None:
     """max_restarts = 0 turns the first failure into FATAL."""
     d = decide(cfg(max_restarts=0), History(), now=0.0, uptime=0.0, failed=True)
-    assert d.action is Action.FATAL
+    assert d.action is RestartAction.FATAL
 
 
 def test_stable_uptime_resets_history() -> None:
@@ -113,7 +113,7 @@ def test_stable_uptime_resets_history() -> None:
     c = cfg(max_restarts=2)
     full = History((1.0, 2.0))
     d = decide(c, full, now=60.0, uptime=50.0, failed=True, jitter=mid)
-    assert d.action is Action.RESTART
+    assert d.action is RestartAction.RESTART
     assert d.delay == 1.0
     assert d.history.restarts == (60.0,)
 
@@ -121,25 +121,25 @@ def test_stable_uptime_resets_history() -> None:
 def test_short_uptime_keeps_history() -> None:
     """A run shorter than stable_after keeps the counter."""
     d = decide(cfg(max_restarts=2), History((1.0, 2.0)), now=60.0, uptime=49.9, failed=True)
-    assert d.action is Action.FATAL
+    assert d.action is RestartAction.FATAL
 
 
 @pytest.mark.parametrize(
     ("policy", "failed", "action", "reason"),
     [
-        ("always", True, Action.RESTART, "failed"),
-        ("always", False, Action.RESTART, "always"),
-        ("on-failure", True, Action.RESTART, "failed"),
-        ("on-failure", False, Action.EXIT, "exited_cleanly"),
-        ("never", True, Action.EXIT, "policy_never"),
-        ("never", False, Action.EXIT, "exited_cleanly"),
+        ("always", True, RestartAction.RESTART, "failed"),
+        ("always", False, RestartAction.RESTART, "always"),
+        ("on-failure", True, RestartAction.RESTART, "failed"),
+        ("on-failure", False, RestartAction.EXIT, "exited_cleanly"),
+        ("never", True, RestartAction.EXIT, "policy_never"),
+        ("never", False, RestartAction.EXIT, "exited_cleanly"),
     ],
 )
-def test_policies(policy: str, failed: bool, action: Action, reason: str) -> None:
+def test_policies(policy: str, failed: bool, action: RestartAction, reason: str) -> None:
     """always restarts every exit, on-failure only failures, never nothing."""
     d = decide(cfg(policy=policy), History(), now=0.0, uptime=1.0, failed=failed, jitter=mid)
     assert (d.action, d.reason) == (action, reason)
-    assert d.delay == (1.0 if action is Action.RESTART else 0.0)
+    assert d.delay == (1.0 if action is RestartAction.RESTART else 0.0)
 
 
 def test_exit_keeps_history_untouched() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traind.checkpoints.reserve import (
+from traind.checkpoints.state.reserve import (
     RESERVE_BYTES,
     ROOM_FACTOR,
     Reserve,

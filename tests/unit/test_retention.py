@@ -5,8 +5,14 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from traind.checkpoints.retention.policy import (
+    Candidate,
+    Stranded,
+    plan_local,
+    plan_remote,
+    stranded,
+)
 
-from traind.checkpoints.retention import Candidate, Stranded, plan_local, plan_remote, stranded
 from traind.config import RetentionConfig
 from traind.layout.manifest import Writer
 from traind.layout.parts import Part

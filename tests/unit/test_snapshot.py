@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from tests.support.requires import missing
-
-from traind.checkpoints.snapshot import (
+from traind.checkpoints.intake.snapshot import (
     EmptyCheckpointError,
     SourceVanishedError,
     observe,
     take,
 )
+
 from traind.errors import TraindError, UnsafePathError
 from traind.layout.markers import EXPLICIT_MARKER
 

@@ -7,14 +7,14 @@ import itertools
 from dataclasses import replace
 
 import pytest
-
-from traind.checkpoints.space import (
+from traind.checkpoints.state.space import (
     Pinned,
     floor_bytes,
     retention_seen,
     rotated_next,
     to_drop,
 )
+
 from traind.util.units import parse_floor
 
 

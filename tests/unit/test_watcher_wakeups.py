@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from asyncinotify import Inotify, Mask, Watch
 from structlog.testing import capture_logs
+from traind.checkpoints.intake import wakeups as changes_module
+from traind.checkpoints.intake import watcher as watcher_module
+from traind.checkpoints.intake.watcher import StageResult, Watcher
 
-from traind.checkpoints import changes as changes_module
-from traind.checkpoints import watcher as watcher_module
-from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import CheckpointsConfig
 
 QUIET = CheckpointsConfig(poll_interval=3600.0)

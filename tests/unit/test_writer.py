@@ -8,11 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from traind.checkpoints.writer import WRITER_ID_FILE, load_or_create
-from traind.errors import TraindError
-from traind.layout.manifest import Manifest, Writer
-from traind.protocol.lease import (
+from traind.checkpoints.commit.writer import WRITER_ID_FILE, load_or_create
+from traind.protocol.ownership import (
     ClaimHeldError,
     ConflictError,
     Lease,
@@ -21,6 +18,9 @@ from traind.protocol.lease import (
     check_held,
     check_lease,
 )
+
+from traind.errors import TraindError
+from traind.layout.manifest import Manifest, Writer
 
 A = Writer("a" * 32, "host-a")
 B = Writer("b" * 32, "host-b")

@@ -19,13 +19,15 @@ from traind import config
 from traind.app.observe import Observer
 from traind.app.prune import Pruning
 from traind.app.reload import plan_reload
-from traind.checkpoints import completion, recovery, writer
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.joint import JointResume
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.space import Pinned, SpaceGuard, free_bytes, open_journal
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult, Watcher
+from traind.checkpoints.commit import writer
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake import completion
+from traind.checkpoints.intake.watcher import StageResult, Watcher
+from traind.checkpoints.multinode.resume import JointResume
+from traind.checkpoints.restore import recovery
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
+from traind.checkpoints.state.space import Pinned, SpaceGuard, free_bytes, open_journal
 from traind.config import HFStorage, Settings, StatusConfig
 from traind.errors import ConfigError, TraindError, TransientStorageError
 from traind.layout.manifest import Manifest

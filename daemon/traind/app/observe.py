@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from traind.checkpoints import retention
-from traind.checkpoints.joint import JointResume
-from traind.checkpoints.restore import newest
-from traind.checkpoints.space import Pinned
-from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.multinode.resume import JointResume
+from traind.checkpoints.restore.download import newest
+from traind.checkpoints.retention import policy as retention
+from traind.checkpoints.state.space import Pinned
 from traind.config import RetentionConfig
 from traind.layout.manifest import Manifest
 from traind.status import model

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import structlog
 
 from traind.app.observe import Observer
-from traind.checkpoints import pruner
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.retention import pruner
+from traind.checkpoints.state.journal import Journal
 from traind.config import Settings
 from traind.protocol import CheckpointStore
 from traind.util.nodes import NodeRank

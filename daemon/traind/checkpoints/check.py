@@ -18,8 +18,8 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.restore import identity
+from traind.checkpoints.restore.download import identity
+from traind.checkpoints.state.journal import Journal
 from traind.errors import IntegrityError
 from traind.layout.manifest import Manifest, mismatch
 from traind.protocol import CheckpointStore

@@ -22,9 +22,16 @@ from typing import TypeVar
 
 import structlog
 
-from traind.checkpoints.agreement import Board, Committed, Decision, covers, decide, tally
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.whole import make_whole
+from traind.checkpoints.multinode.agreement import (
+    Board,
+    Committed,
+    ResumeDecision,
+    covers,
+    decide,
+    tally,
+)
+from traind.checkpoints.multinode.assemble import make_whole
+from traind.checkpoints.state.journal import Journal
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.protocol import CheckpointStore
 from traind.util.child import uninterrupted
@@ -123,7 +130,7 @@ class JointResume:
                         hint="asking for the resume point although this host's parts "
                              "of these checkpoints are not stored")
 
-    async def agree(self, storage: CheckpointStore) -> Decision:
+    async def agree(self, storage: CheckpointStore) -> ResumeDecision:
         """Store a start request in ``storage`` and wait until a decision covers it; on
         cancellation the request is withdrawn. The nonce is fresh, unless this host's last
         request was never used for a start (its daemon stopped while it waited)."""
@@ -134,7 +141,7 @@ class JointResume:
         started = time.monotonic()
         self._reported = False
 
-        async def answer() -> Decision | None:
+        async def answer() -> ResumeDecision | None:
             return covers(await self._retrying(lambda: self._board_now(store)), rank, nonce)
 
         try:  # a request being written when cancelled is written whole, then withdrawn
@@ -154,7 +161,7 @@ class JointResume:
                  waited=round(time.monotonic() - started, 3))
         return decision
 
-    async def _answered(self, decision: Decision) -> None:
+    async def _answered(self, decision: ResumeDecision) -> None:
         """This host's trainer starts on ``decision``: its next start asks anew."""
         await asyncio.to_thread(_keep, self._ticket, decision.nonces[self._node.rank], True)
 

@@ -35,8 +35,8 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import structlog
 
-from traind.checkpoints.identity import RunIdentity, staging_dir
-from traind.checkpoints.reserve import Reserve
+from traind.checkpoints.state.identity import RunIdentity, staging_dir
+from traind.checkpoints.state.reserve import Reserve
 from traind.errors import JournalError
 from traind.storage import LocalFile
 from traind.util.retry import Backoff, retrying

@@ -13,7 +13,7 @@ import structlog
 from traind.errors import StorageError, TransientStorageError
 from traind.layout.manifest import Writer
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, Lease
+from traind.protocol.ownership import ClaimHeldError, Lease
 from traind.util.retry import Backoff
 from traind.util.tasks import task_group
 

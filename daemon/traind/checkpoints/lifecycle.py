@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from enum import Enum
 
-from traind.checkpoints.snapshot import RewrittenError
+from traind.checkpoints.intake.snapshot import RewrittenError
 from traind.errors import MissingFilesError, StorageError, TraindError
 from traind.layout.parts import Incomplete, PartsDisagreeError
-from traind.protocol.lease import ClaimHeldError, ConflictError
+from traind.protocol.ownership import ClaimHeldError, ConflictError
 
 
 class Step(Enum):

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.commit.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.state.journal import Journal
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Incomplete, Part, PartsDisagreeError, union
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ConflictError
+from traind.protocol.ownership import ConflictError
 from traind.util.nodes import NodeRank
 from traind.util.retry import Backoff
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints import snapshot
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.restore import identity, newest
-from traind.checkpoints.retention import (
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake import snapshot
+from traind.checkpoints.intake.watcher import candidates
+from traind.checkpoints.restore.download import identity, newest
+from traind.checkpoints.retention.policy import (
     Candidate,
     Stranded,
     Verdict,
@@ -22,8 +23,7 @@ from traind.checkpoints.retention import (
     plan_remote,
     stranded,
 )
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import candidates
+from traind.checkpoints.state.journal import Journal
 from traind.config import RetentionConfig
 from traind.protocol import CheckpointStore
 

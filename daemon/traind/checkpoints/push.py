@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from traind.checkpoints import snapshot
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult, parse_step
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake import snapshot
+from traind.checkpoints.intake.watcher import StageResult, parse_step
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 from traind.config import Settings
 from traind.errors import ContendedError, TraindError
 from traind.layout.keys import check_tag

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from traind.checkpoints.watcher import parse_step
+from traind.checkpoints.intake.watcher import parse_step
 
 
 def _step(tag: str) -> int:

@@ -8,17 +8,18 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints import snapshot, writer
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.restore import (
+from traind.checkpoints.commit import writer
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake import snapshot
+from traind.checkpoints.intake.watcher import candidates, tag_problem
+from traind.checkpoints.restore.download import (
     find,
     identity,
     restore,
     restore_newest,
     restore_verified,
 )
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import candidates, tag_problem
+from traind.checkpoints.state.journal import Journal
 from traind.config import CheckpointsConfig
 from traind.layout.manifest import Manifest
 from traind.protocol import CheckpointStore

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.journal import Journal
+from traind.checkpoints.state.journal import Journal
 from traind.errors import IntegrityError, NotFoundError, StorageError
 from traind.layout.manifest import Manifest, verify
 from traind.protocol import CheckpointStore

@@ -22,8 +22,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from traind.checkpoints.completion import Observation, Signature
-from traind.checkpoints.journal import StagedFile, StoredFile
+from traind.checkpoints.intake.completion import Observation, Signature
+from traind.checkpoints.state.journal import StagedFile, StoredFile
 from traind.errors import TraindError
 from traind.layout.keys import check_relpath
 from traind.layout.markers import EXPLICIT_MARKER

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.identity import RunIdentity, staging_dir
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.reserve import Reserve
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import candidates, parse_step
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake.watcher import candidates, parse_step
+from traind.checkpoints.state.identity import RunIdentity, staging_dir
+from traind.checkpoints.state.journal import Journal
+from traind.checkpoints.state.reserve import Reserve
 from traind.errors import JournalError, TraindError
 
 log = structlog.get_logger("traind.space")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints import snapshot
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.watcher import StageResult
+from traind.checkpoints.intake import snapshot
+from traind.checkpoints.intake.watcher import StageResult
+from traind.checkpoints.state.journal import Journal
 from traind.errors import TraindError
 
 log = structlog.get_logger("traind.streamer")

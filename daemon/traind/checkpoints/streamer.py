@@ -19,22 +19,23 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints import snapshot, writer
-from traind.checkpoints.coalesce import superseded_by
-from traind.checkpoints.identity import ack_dir, staging_dir
-from traind.checkpoints.journal import Journal, JournalSession, StoredFile
-from traind.checkpoints.keeper import ClaimKeeper
-from traind.checkpoints.lifecycle import DroppedError, Step, step_after
-from traind.checkpoints.partcommit import PartCommitter, WaitingParts
-from traind.checkpoints.queue import CommitQueue
-from traind.checkpoints.stager import OnStaged, Stager
-from traind.checkpoints.theirs import OtherWriters
-from traind.checkpoints.watcher import StageResult, parse_step
+from traind.checkpoints.commit import writer
+from traind.checkpoints.commit.claims import ClaimKeeper
+from traind.checkpoints.commit.coalesce import superseded_by
+from traind.checkpoints.commit.lifecycle import DroppedError, Step, step_after
+from traind.checkpoints.commit.other_writer import OtherWriters
+from traind.checkpoints.commit.queue import CommitQueue
+from traind.checkpoints.intake import snapshot
+from traind.checkpoints.intake.stager import OnStaged, Stager
+from traind.checkpoints.intake.watcher import StageResult, parse_step
+from traind.checkpoints.multinode.parts import PartCommitter, WaitingParts
+from traind.checkpoints.state.identity import ack_dir, staging_dir
+from traind.checkpoints.state.journal import Journal, JournalSession, StoredFile
 from traind.errors import MissingFilesError, StorageError, TraindError
 from traind.layout.manifest import FileEntry, Manifest, Writer, read_trainer_facts
 from traind.layout.parts import PartsDisagreeError
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
+from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
 from traind.storage import LocalFile
 from traind.util.nodes import NodeRank
 from traind.util.progress import Progress, shown

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.restore import identity
+from traind.checkpoints.restore.download import identity
+from traind.checkpoints.state.journal import Journal
 from traind.layout.manifest import Manifest
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ConflictError
+from traind.protocol.ownership import ConflictError
 from traind.util.fileio import hash_file
 
 log = structlog.get_logger("traind.streamer")

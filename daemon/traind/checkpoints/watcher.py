@@ -17,17 +17,17 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.changes import Changes
-from traind.checkpoints.completion import (
-    Action,
+from traind.checkpoints.intake.completion import (
     Observation,
+    ScanAction,
     Tracked,
     decide,
     decide_at_stop,
     marked,
     settles_in,
 )
-from traind.checkpoints.snapshot import observe
+from traind.checkpoints.intake.snapshot import observe
+from traind.checkpoints.intake.wakeups import Changes
 from traind.config import CheckpointsConfig
 from traind.errors import UnsafePathError
 from traind.layout.keys import check_tag
@@ -177,12 +177,12 @@ class Watcher:
             seen = await asyncio.to_thread(observe, self._dir / tag, self._config.markers)
             action = decide_at_stop(self._tracked.get(tag), seen, writer_gone,
                                     self._unmarked_settles)
-            if action is Action.STAGE and seen is not None:
+            if action is ScanAction.STAGE and seen is not None:
                 result = await self._on_stage(tag, step, self._dir / tag)
                 if result is StageResult.GONE:
                     continue  # vanished or unusable: already logged
-                action = Action.COMPLETE if result is StageResult.STAGED else Action.WAIT
-            if action is Action.COMPLETE:
+                action = ScanAction.COMPLETE if result is StageResult.STAGED else ScanAction.WAIT
+            if action is ScanAction.COMPLETE:
                 self._tracked.pop(tag, None)
                 self._done.add(tag)
                 await self._on_complete(tag, step)
@@ -222,13 +222,13 @@ class Watcher:
         now = time.monotonic()
         action = decide(self._tracked.get(tag), seen, now, self._config.settle,
                         self._unmarked_settles)
-        if action is Action.STAGE and seen is not None:
+        if action is ScanAction.STAGE and seen is not None:
             result = await self._on_stage(tag, step, self._dir / tag)
             if result is StageResult.STAGED:
                 self._tracked[tag] = Tracked(seen.signature, now)
             elif result is StageResult.GONE and tag not in self._tracked:
                 self._done.add(tag)
-        elif action is Action.COMPLETE:
+        elif action is ScanAction.COMPLETE:
             del self._tracked[tag]
             self._done.add(tag)
             await self._on_complete(tag, step)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.restore import fetched, restore
+from traind.checkpoints.restore.download import fetched, restore
 from traind.layout.manifest import FileEntry, Manifest
 from traind.protocol import CheckpointStore
 from traind.util.fileio import fsync_dir, hash_file

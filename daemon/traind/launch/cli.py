@@ -19,7 +19,7 @@ import structlog
 from traind.config import path_arg
 from traind.errors import TraindError
 from traind.launch import config as launch_config
-from traind.launch import flow, manage
+from traind.launch.commands import flow, manage
 from traind.launch.handles import LaunchRecord, LaunchStore
 from traind.launch.registry import open_backend
 

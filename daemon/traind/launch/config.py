@@ -24,7 +24,7 @@ from traind.config import Section, read_toml
 from traind.errors import ConfigError
 from traind.launch.base import Constraints
 from traind.launch.credentials import api_key, assignment_key, toml_key
-from traind.launch.packages import traind_requirements
+from traind.launch.host.packages import traind_requirements
 from traind.layout.keys import check_component
 from traind.util.units import Duration
 

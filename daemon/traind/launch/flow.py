@@ -21,7 +21,6 @@ from typing import Any
 import structlog
 
 import traind
-from traind.launch import service
 from traind.launch.base import Handle, HostBackend, LineSink, RemoteResult
 from traind.launch.config import LaunchConfig
 from traind.launch.errors import (
@@ -31,7 +30,8 @@ from traind.launch.errors import (
     RemoteCommandError,
 )
 from traind.launch.handles import LaunchRecord, LaunchStore
-from traind.launch.rsync import check
+from traind.launch.host import service
+from traind.launch.host.commands import check
 
 log = structlog.get_logger("traind.launch")
 FINISHED_EVENTS = frozenset({"run_complete"})

@@ -21,9 +21,14 @@ from traind.launch.base import Constraints, Handle, HostState, Offer
 from traind.launch.config import LambdaSection
 from traind.launch.errors import BackendAPIError, ProvisionError
 from traind.launch.handles import LaunchStore
-from traind.launch.lambda_api import error_code, message, normalise_state, offers_from
-from traind.launch.rented import RentedBackend, Seen
-from traind.launch.rest import RestAPI, bearer
+from traind.launch.providers.lambda_cloud.api import (
+    error_code,
+    message,
+    normalise_state,
+    offers_from,
+)
+from traind.launch.providers.rented import RentedBackend, Seen
+from traind.launch.providers.rest import RestAPI, bearer
 
 LAUNCH = "/api/v1/instance-operations/launch"
 

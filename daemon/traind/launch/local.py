@@ -25,9 +25,9 @@ from traind.launch.base import (
 )
 from traind.launch.errors import InstanceNotFoundError
 from traind.launch.handles import LaunchStore
+from traind.launch.host.commands import check, rsync_argv, run_local, source_and_target
+from traind.launch.host.remote import shell_line
 from traind.launch.ranking import explain, rank
-from traind.launch.remote import shell_line
-from traind.launch.rsync import check, rsync_argv, run_local, source_and_target
 
 log = structlog.get_logger("traind.launch")
 

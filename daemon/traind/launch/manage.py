@@ -10,12 +10,19 @@ from typing import Any
 
 import structlog
 
-from traind.launch import service
 from traind.launch.base import HostState, LineSink
+from traind.launch.commands.flow import (
+    Context,
+    layout,
+    log_event,
+    run_checked,
+    service_active,
+    step,
+)
+from traind.launch.commands.flow import follow as follow_log
 from traind.launch.errors import LaunchError
-from traind.launch.flow import Context, layout, log_event, run_checked, service_active, step
-from traind.launch.flow import follow as follow_log
 from traind.launch.handles import LaunchRecord
+from traind.launch.host import service
 
 log = structlog.get_logger("traind.launch")
 

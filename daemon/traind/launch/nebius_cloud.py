@@ -28,7 +28,7 @@ from traind.launch.base import Constraints, Handle, HostState, Offer
 from traind.launch.config import NebiusSection
 from traind.launch.errors import BackendAPIError, InstanceNotFoundError, ProvisionError
 from traind.launch.handles import LaunchStore
-from traind.launch.nebius_api import (
+from traind.launch.providers.nebius.api import (
     cloud_init,
     gpu_name,
     kind_of,
@@ -36,7 +36,7 @@ from traind.launch.nebius_api import (
     offer,
     public_address,
 )
-from traind.launch.rented import RentedBackend, Seen
+from traind.launch.providers.rented import RentedBackend, Seen
 from traind.util.retry import Backoff, retrying
 
 if TYPE_CHECKING:

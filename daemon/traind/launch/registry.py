@@ -9,12 +9,12 @@ from traind.launch.config import LaunchConfig
 from traind.launch.handles import LaunchStore
 
 BACKENDS = {
-    "local": "traind.launch.local:LocalBackend",
-    "ssh": "traind.launch.ssh:SSHBackend",
-    "vast": "traind.launch.vast:VastBackend",
-    "runpod": "traind.launch.runpod:RunPodBackend",
-    "lambda": "traind.launch.lambdacloud:LambdaBackend",
-    "nebius": "traind.launch.nebius_cloud:NebiusBackend",
+    "local": "traind.launch.providers.local.adapter:LocalBackend",
+    "ssh": "traind.launch.providers.ssh.adapter:SSHBackend",
+    "vast": "traind.launch.providers.vast.adapter:VastBackend",
+    "runpod": "traind.launch.providers.runpod.adapter:RunPodBackend",
+    "lambda": "traind.launch.providers.lambda_cloud.adapter:LambdaBackend",
+    "nebius": "traind.launch.providers.nebius.adapter:NebiusBackend",
 }
 
 

@@ -21,7 +21,7 @@ import structlog
 
 from traind.launch.base import LineSink, RemoteResult, SSHEndpoint
 from traind.launch.errors import HostUnreachableError, LaunchError, RemoteCommandError
-from traind.launch.rsync import check, rsync_argv, run_local, source_and_target
+from traind.launch.host.commands import check, rsync_argv, run_local, source_and_target
 
 log = structlog.get_logger("traind.launch")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

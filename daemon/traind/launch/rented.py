@@ -35,8 +35,8 @@ from traind.launch.errors import (
     ProvisionError,
 )
 from traind.launch.handles import LaunchStore
+from traind.launch.host.remote import SSHRemote, trust_on_first_use
 from traind.launch.ranking import explain, rank
-from traind.launch.remote import SSHRemote, trust_on_first_use
 
 log = structlog.get_logger("traind.launch")
 

@@ -18,9 +18,9 @@ from traind.launch.base import Constraints, Handle, HostState, Offer
 from traind.launch.config import RunPodSection
 from traind.launch.errors import BackendAPIError, ProvisionError
 from traind.launch.handles import LaunchStore
-from traind.launch.rented import RentedBackend, Seen
-from traind.launch.rest import RestAPI, bearer
-from traind.launch.runpod_api import message, normalise_state, offers_from, ssh_address
+from traind.launch.providers.rented import RentedBackend, Seen
+from traind.launch.providers.rest import RestAPI, bearer
+from traind.launch.providers.runpod.api import message, normalise_state, offers_from, ssh_address
 
 
 class RunPodBackend(RentedBackend):

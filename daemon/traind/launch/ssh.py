@@ -26,8 +26,8 @@ from traind.launch.base import (
 from traind.launch.config import SSHHost, SSHSection
 from traind.launch.errors import HostUnreachableError, InstanceNotFoundError, RemoteCommandError
 from traind.launch.handles import LaunchStore
+from traind.launch.host.remote import SSHRemote
 from traind.launch.ranking import explain, rank
-from traind.launch.remote import SSHRemote
 
 log = structlog.get_logger("traind.launch")
 _PROBE = "cat /proc/uptime; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null"

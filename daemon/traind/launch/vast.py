@@ -20,9 +20,15 @@ from traind.launch.base import Constraints, Handle, HostState, Offer
 from traind.launch.config import VastSection
 from traind.launch.errors import BackendAPIError, InstanceNotFoundError, ProvisionError
 from traind.launch.handles import LaunchStore
-from traind.launch.rented import RentedBackend, Seen
-from traind.launch.rest import RestAPI, bearer
-from traind.launch.vast_api import is_missing, message, normalise_state, offer_from, search_query
+from traind.launch.providers.rented import RentedBackend, Seen
+from traind.launch.providers.rest import RestAPI, bearer
+from traind.launch.providers.vast.api import (
+    is_missing,
+    message,
+    normalise_state,
+    offer_from,
+    search_query,
+)
 
 
 class VastBackend(RentedBackend):

@@ -16,9 +16,9 @@ from __future__ import annotations
 from traind.errors import StorageError, TransientStorageError
 from traind.layout.keys import CLAIM_NAME, check_tag
 from traind.layout.manifest import Writer
-from traind.protocol import listed
+from traind.protocol import listing_claims as listed
 from traind.protocol.commit import read_manifest
-from traind.protocol.lease import (
+from traind.protocol.ownership import (
     ConflictError,
     Lease,
     check_committed,

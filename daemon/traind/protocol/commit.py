@@ -26,8 +26,8 @@ from traind.layout.keys import (
 )
 from traind.layout.manifest import FileEntry, Manifest, listed
 from traind.layout.parts import part_rank
-from traind.protocol.lease import ConflictError, check_committed, is_claim_file
-from traind.protocol.listed import CLAIMANTS
+from traind.protocol.listing_claims import CLAIMANTS
+from traind.protocol.ownership import ConflictError, check_committed, is_claim_file
 from traind.storage.base import CREATE, OVERWRITE, LocalFile, ObjectStore, StagingStore
 from traind.util.fileio import PART_SUFFIX
 from traind.util.tasks import fan_out

@@ -27,9 +27,9 @@ from traind.layout.keys import (
 )
 from traind.layout.manifest import Writer
 from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name, part_rank
-from traind.protocol import listed
+from traind.protocol import listing_claims as listed
 from traind.protocol.commit import read_manifest, staging, verify_stored
-from traind.protocol.lease import ConflictError, check_claim
+from traind.protocol.ownership import ConflictError, check_claim
 from traind.storage.base import LocalFile, ObjectStore, UploadSession
 from traind.util.fileio import hash_file
 from traind.util.tasks import fan_out

@@ -1,4 +1,4 @@
-"""A multi-node job's resume agreement in the store (checkpoints/agreement.py decides):
+"""A multi-node job's resume agreement in the store (checkpoints/multinode/agreement.py decides):
 each host's start request, and node 0's board, under ``.traind-resume/``.
 
 Node R's request is the empty object ``.traind-resume/start-<R>-<nonce>``, so node 0 learns

@@ -14,8 +14,9 @@ from traind.config import AnyStorage
 from traind.layout.keys import check_tag
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part
-from traind.protocol import claims, commit, foreign, parts, resume
-from traind.protocol.lease import Lease
+from traind.protocol import claims, commit, parts, resume
+from traind.protocol import trainer_pushed as foreign
+from traind.protocol.ownership import Lease
 from traind.storage import Advance, LocalFile, ObjectStore, UploadSession, open_objects
 
 CONCURRENCY = 16

@@ -121,7 +121,7 @@ class Capabilities:
     put lets exactly one of two racing writers through; ``update`` — a replace-if-version put
     is an atomic compare-and-swap. Where a flag is False the put is still made, as a read
     then a write, and the protocol makes up for it (claims by listing, see
-    ``protocol/listed.py``)."""
+    ``protocol/listing_claims.py``)."""
 
     create: bool
     update: bool

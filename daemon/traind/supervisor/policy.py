@@ -25,7 +25,7 @@ class Role(StrEnum):
     TRAINER = "trainer"
 
 
-class Action(StrEnum):
+class RestartAction(StrEnum):
     """What to do after a child stopped."""
 
     RESTART = "restart"
@@ -41,10 +41,10 @@ class History:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RestartDecision:
     """The policy's answer: the action, the backoff delay before a restart, the new history."""
 
-    action: Action
+    action: RestartAction
     reason: str
     history: History
     delay: float = 0.0
@@ -71,7 +71,7 @@ def decide(
     uptime: float,
     failed: bool,
     jitter: Callable[[], float] = random.random,
-) -> Decision:
+) -> RestartDecision:
     """Decide what follows a stop after ``uptime`` seconds of running.
 
     A run that lasted ``stable_after`` clears the history. ``always`` restarts clean exits too;
@@ -81,12 +81,12 @@ def decide(
     if uptime >= config.stable_after:
         history = History()
     if not failed and config.policy != "always":
-        return Decision(Action.EXIT, "exited_cleanly", history)
+        return RestartDecision(RestartAction.EXIT, "exited_cleanly", history)
     if config.policy == "never":
-        return Decision(Action.EXIT, "policy_never", history)
+        return RestartDecision(RestartAction.EXIT, "policy_never", history)
     recent = tuple(t for t in history.restarts if now - t < config.window)
     if len(recent) >= config.max_restarts:
-        return Decision(Action.FATAL, "too_many_restarts", History(recent))
+        return RestartDecision(RestartAction.FATAL, "too_many_restarts", History(recent))
     delay = backoff(config, len(recent), jitter())
     reason = "failed" if failed else "always"
-    return Decision(Action.RESTART, reason, History((*recent, now)), delay)
+    return RestartDecision(RestartAction.RESTART, reason, History((*recent, now)), delay)

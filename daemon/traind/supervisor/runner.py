@@ -16,7 +16,7 @@ import structlog
 from traind.config import ChildConfig, HealthConfig
 from traind.errors import SupervisorError
 from traind.supervisor.health import HealthCheck, HealthRedirectError
-from traind.supervisor.policy import Action, History, Role, decide, is_failure
+from traind.supervisor.policy import History, RestartAction, Role, decide, is_failure
 from traind.supervisor.process import ManagedProcess, State
 
 log = structlog.get_logger("traind.supervisor")
@@ -25,7 +25,7 @@ Jitter = Callable[[], float]
 
 
 @dataclass(frozen=True)
-class Launch:
+class StartSpec:
     """What one start runs: the argv, environment additions, and the facts its
     ``child_started`` event carries (e.g. the trainer's ``resume_from``)."""
 
@@ -149,10 +149,10 @@ class ChildRunner:
             self._notify()
         return self.outcome
 
-    async def before_start(self, first: bool) -> Launch:
+    async def before_start(self, first: bool) -> StartSpec:
         """Prepare a start (the first one when ``first``); subclasses wait for resources.
         A SupervisorError counts as a failed start."""
-        return Launch(self.config.command)
+        return StartSpec(self.config.command)
 
     async def monitor(self) -> str:
         """Watch the running child; return a reason to stop it (subclasses detect hangs)."""
@@ -183,7 +183,7 @@ class ChildRunner:
             self._history = d.history
             facts = {"reason": reason, "returncode": code, "uptime": round(uptime, 3),
                      "decision": d.reason, "restarts_in_window": len(d.history.restarts)}
-            if d.action is Action.RESTART:
+            if d.action is RestartAction.RESTART:
                 self.process.set_state(State.BACKOFF)
                 # A failure is an error (it shows in `traind status`); a planned restart is not.
                 (self._log.error if failed else self._log.warning)(
@@ -191,7 +191,7 @@ class ChildRunner:
                 )
                 await asyncio.sleep(d.delay)
                 self.restarts += 1
-            elif d.action is Action.FATAL:
+            elif d.action is RestartAction.FATAL:
                 self.process.set_state(State.FATAL)
                 self._log.error("child_fatal", **facts)
                 return "fatal"
@@ -200,7 +200,7 @@ class ChildRunner:
                 (self._log.error if failed else self._log.info)("child_done", **facts)
                 return "failed" if failed else "finished"
 
-    async def _run_once(self, launch: Launch) -> tuple[str, int | None, float]:
+    async def _run_once(self, launch: StartSpec) -> tuple[str, int | None, float]:
         try:
             await self.process.start(launch.argv, launch.env, launch.facts)
         except SupervisorError:

@@ -15,7 +15,7 @@ from traind.config import TrainerConfig
 from traind.errors import SupervisorError
 from traind.layout.markers import ACK_DIR_ENV
 from traind.supervisor.policy import Role
-from traind.supervisor.runner import ChildRunner, Launch, forever
+from traind.supervisor.runner import ChildRunner, StartSpec, forever
 from traind.supervisor.vllm import VLLMRunner
 
 ResumeFrom = Callable[[], Awaitable[Path | None]]
@@ -94,7 +94,7 @@ class TrainerRunner(ChildRunner):
         self._progress = time.monotonic()
         self._stepping = True
 
-    async def before_start(self, first: bool) -> Launch:
+    async def before_start(self, first: bool) -> StartSpec:
         """Wait for services and vLLM, reset vLLM after a trainer death, find the checkpoint."""
         for dep in self._needs:
             await dep.wait_ready()
@@ -110,7 +110,7 @@ class TrainerRunner(ChildRunner):
         self._progress = time.monotonic()
         self._stepping = self._slow_phase = False
         resume = {"resume_from": str(checkpoint) if checkpoint else None}
-        return Launch(resume_argv(self.config.command, checkpoint), env, resume)
+        return StartSpec(resume_argv(self.config.command, checkpoint), env, resume)
 
     async def _checkpoint(self) -> Path | None:
         if self._resume_from is None:

@@ -14,7 +14,7 @@ from traind.errors import SupervisorError
 from traind.supervisor.health import base_url, close_communicator, fetch_text, server_kind
 from traind.supervisor.policy import Role
 from traind.supervisor.resources import gpu_memory_used, wait_gpus_idle, wait_port_free
-from traind.supervisor.runner import ChildRunner, Launch, forever
+from traind.supervisor.runner import ChildRunner, StartSpec, forever
 from traind.supervisor.stall import Stall, is_hung, observe, parse_load
 
 
@@ -28,7 +28,7 @@ class VLLMRunner(ChildRunner):
         self.vllm = config
         self._idle: dict[int, int] | None = None
 
-    async def before_start(self, first: bool) -> Launch:
+    async def before_start(self, first: bool) -> StartSpec:
         """Record the GPUs' idle memory first; later wait until the last server let go. A port
         still held after ``release_timeout`` is a failed start: a second vLLM would share it."""
         gpus = self.vllm.gpus or ()
@@ -42,7 +42,7 @@ class VLLMRunner(ChildRunner):
                                       f"after {self.vllm.release_timeout}s")
         if not first:
             await wait_gpus_idle(gpus, self._idle, self.vllm.release_timeout)
-        return Launch(self.vllm.command)
+        return StartSpec(self.vllm.command)
 
     async def monitor(self) -> str:
         """Return "hung" once the server, ready and busy (requests running or waiting), has

@@ -15,12 +15,12 @@ from tests.support.writers import (
     dead_writer,
     side,
 )
+from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
 
 from traind.config import LocalStorage
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Manifest
 from traind.protocol import CheckpointStore, open_storage
-from traind.protocol.lease import ClaimHeldError, ConflictError, Lease
 from traind.protocol.testing import MemoryBackend
 
 TAG = "checkpoint-1"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import OLD_JOURNAL_SCHEMA, commit_through_streamer, rewrite, run_in
+from traind.checkpoints.restore.recovery import restore_if_fresh, resume_point
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.recovery import restore_if_fresh, resume_point
 from traind.config import CheckpointsConfig
 from traind.errors import IntegrityError
 from traind.protocol.testing import MemoryBackend

@@ -11,13 +11,13 @@ from pathlib import Path
 from structlog.testing import capture_logs
 from tests.support.checkpoints import run_in, write_checkpoint
 from tests.support.tmpfs import fill, tmpfs
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake.watcher import StageResult
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
+from traind.checkpoints.state.space import SpaceGuard
 
-from traind.checkpoints import recovery
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.space import SpaceGuard
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult
+from traind.checkpoints.restore import recovery
 from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest
 from traind.protocol.testing import MemoryBackend

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import run_in
+from traind.checkpoints.restore.download import find, restore
+from traind.checkpoints.state.journal import Journal, JournalSession
 
-from traind.checkpoints.journal import Journal, JournalSession
-from traind.checkpoints.restore import find, restore
 from traind.config import LocalStorage
 from traind.errors import IntegrityError, NotFoundError, StorageError
 from traind.layout.keys import MANIFEST_NAME

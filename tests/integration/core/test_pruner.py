@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, write_checkpoint
+from traind.checkpoints.restore.download import identity
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints import pruner
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.restore import identity
+from traind.checkpoints.retention import pruner
 from traind.config import RetentionConfig
 from traind.layout.manifest import Manifest
 from traind.protocol.testing import MemoryBackend

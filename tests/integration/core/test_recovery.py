@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.checkpoints import run_in, write_checkpoint
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints import recovery
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.restore import recovery
 from traind.protocol.testing import MemoryBackend
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, write_checkpoint
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake import snapshot
+from traind.checkpoints.restore.recovery import resume_point
+from traind.checkpoints.state.journal import Journal, State
 
 from traind.app.daemon import Daemon
-from traind.checkpoints import snapshot
-from traind.checkpoints.journal import Journal, State
-from traind.checkpoints.recovery import resume_point
-from traind.checkpoints.streamer import Streamer
 from traind.config import Settings, validate
 from traind.layout.manifest import Manifest
 from traind.protocol.testing import MemoryBackend

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from tests.support.checkpoints import OLD_JOURNAL_SCHEMA, stored, write_checkpoint
 from tests.support.daemon import DaemonProcess, is_event, write_config
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints import pruner, recovery
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.restore import recovery
+from traind.checkpoints.retention import pruner
 from traind.config import CheckpointsConfig, RetentionConfig
 from traind.protocol.testing import MemoryBackend
 

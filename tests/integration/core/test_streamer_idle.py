@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from tests.support.checkpoints import run_in, write_checkpoint
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
 from traind.errors import TransientStorageError
 from traind.protocol.testing import MemoryBackend
 from traind.storage import LocalFile, UploadSession

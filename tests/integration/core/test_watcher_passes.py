@@ -8,8 +8,8 @@ import contextlib
 from pathlib import Path
 
 from tests.support.checkpoints import write_checkpoint
+from traind.checkpoints.intake.watcher import StageResult, Watcher
 
-from traind.checkpoints.watcher import StageResult, Watcher
 from traind.config import CheckpointsConfig
 
 

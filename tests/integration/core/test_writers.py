@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 from tests.support.writers import check_one_writer_each, close, race, side
+from traind.protocol.ownership import ClaimHeldError, ConflictError
 
 from traind.config import LocalStorage
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore, open_storage
-from traind.protocol.lease import ClaimHeldError, ConflictError
 from traind.protocol.testing import MemoryBackend
 
 A = Writer("a" * 32, "host-a")

@@ -14,9 +14,9 @@ from structlog.testing import capture_logs
 from tests.conformance.conftest import hf_config
 from tests.support.checkpoints import run_in, write_checkpoint
 from tests.support.fake_hub import FakeHub, running_hub
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
 from traind.protocol import open_storage
 
 

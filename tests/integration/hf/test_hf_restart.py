@@ -15,10 +15,10 @@ from tests.conformance.conftest import hf_config
 from tests.support.checkpoints import run_in, write_checkpoint
 from tests.support.fake_hub import FakeHub, running_hub
 from tests.support.waits import until
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints import recovery
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
+from traind.checkpoints.restore import recovery
 from traind.protocol import open_storage
 from traind.storage.base import OVERWRITE
 

@@ -15,10 +15,10 @@ import pytest
 from tests.conformance.conftest import hf_config
 from tests.support.fake_hub import TOKEN, FakeHub, running_hub
 from tests.support.requires import need_module
+from traind.checkpoints.restore.download import find, restore
+from traind.protocol.trainer_pushed import PUSHED_BY
 
-from traind.checkpoints.restore import find, restore
 from traind.protocol import open_storage
-from traind.protocol.foreign import PUSHED_BY
 
 PUSH = Path(__file__).parents[2] / "support" / "trainer_push.py"
 REPO = "traind/pushed"

@@ -20,8 +20,8 @@ from tests.support.fake_cloud import LoopbackHost
 from tests.support.net import free_port
 from tests.support.requires import need_binary, need_module
 from tests.support.sshd import SSHServer
+from traind.launch.commands import flow
 
-from traind.launch import flow
 from traind.launch.base import Constraints, HostBackend, HostState
 from traind.launch.config import LaunchConfig
 from traind.launch.errors import (

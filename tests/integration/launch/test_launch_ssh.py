@@ -26,14 +26,14 @@ from tests.integration.launch.lifecycle import (
 )
 from tests.support.requires import missing, need_binary, need_module
 from tests.support.sshd import SSHServer, keygen
+from traind.launch.commands import flow, manage
+from traind.launch.host.remote import SSHRemote
 
-from traind.launch import flow, manage
 from traind.launch.base import SSHEndpoint
 from traind.launch.config import load
 from traind.launch.errors import HostUnreachableError, RemoteCommandError
 from traind.launch.handles import LaunchStore
 from traind.launch.registry import open_backend
-from traind.launch.remote import SSHRemote
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,8 +14,9 @@ from tests.support.fake_vast import API_KEY, FakeVast, RunningFakeVast
 from tests.support.net import free_port
 from tests.support.requires import need_binary
 from tests.support.sshd import SSHServer, keygen
+from traind.launch.commands import flow, manage
+from traind.launch.providers.vast.adapter import VastBackend
 
-from traind.launch import flow, manage
 from traind.launch.base import Constraints, HostState
 from traind.launch.config import LaunchConfig, VastSection, load
 from traind.launch.errors import (
@@ -26,7 +27,6 @@ from traind.launch.errors import (
     ProvisionError,
 )
 from traind.launch.handles import LaunchStore
-from traind.launch.vast import VastBackend
 
 pytestmark = pytest.mark.timeout(60)
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFakeFakeFakeFakeFakeFakeFakeFakeFake t"

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from tests.integration.multinode.test_part_claims_local import store
 from tests.integration.multinode.test_parts_local import dcp_job, event, host_configs, start
+from traind.checkpoints.commit.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake.watcher import StageResult
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult
 from traind.layout.markers import EXPLICIT_MARKER
 from traind.util.nodes import NodeRank
 

@@ -10,17 +10,17 @@ import pytest
 from structlog.testing import capture_logs
 from tests.conformance.test_parts import staged_host
 from tests.support.sessions import RecordingSession
+from traind.checkpoints.commit.lifecycle import PartsGoneError, PartsPendingError
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.intake.watcher import StageResult
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
+from traind.protocol.ownership import ConflictError
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.lifecycle import PartsGoneError, PartsPendingError
-from traind.checkpoints.streamer import Streamer
-from traind.checkpoints.watcher import StageResult
 from traind.config import LocalStorage
 from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part, PartsDisagreeError
 from traind.protocol import CheckpointStore, open_storage
-from traind.protocol.lease import ConflictError
 from traind.storage import LocalFile, open_objects
 from traind.util.nodes import NodeRank
 

@@ -20,9 +20,8 @@ from tests.support.checkpoints import write_checkpoint
 from tests.support.daemon import DaemonProcess, is_event, write_config
 from tests.support.requires import need_binary, need_module
 from tests.support.seaweed import SeaweedS3, running_seaweed
-
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 
 pytestmark = pytest.mark.timeout(240)
 RUN = "exp"

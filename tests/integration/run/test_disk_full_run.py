@@ -26,10 +26,10 @@ from tests.support.requires import need_binary, need_module
 from tests.support.seaweed import running_seaweed
 from tests.support.tiny_train import QUIET_ENV, train_command
 from tests.support.tmpfs import fill, remount, tmpfs
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.streamer import Streamer
 from traind.protocol.testing import MemoryBackend
 
 STEPS = 24

@@ -20,10 +20,10 @@ from tests.support.writers import (
     race_for_stale_claim,
     side,
 )
+from traind.protocol.ownership import ClaimHeldError, ConflictError
 
 from traind.config import S3Storage
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ClaimHeldError, ConflictError
 
 TAG = "checkpoint-1"
 PREFIX = f"ckpts/run1/{TAG}/"

@@ -20,8 +20,8 @@ from tests.integration.s3.conftest import (
 from tests.integration.s3.test_s3_store import keys_under, manifest_of
 from tests.support.checkpoints import run_in
 from tests.support.seaweed import SeaweedS3
+from traind.checkpoints.state.journal import Journal, JournalSession
 
-from traind.checkpoints.journal import Journal, JournalSession
 from traind.config import S3Storage
 from traind.protocol import CheckpointStore
 from traind.storage.s3.store import S3Store

@@ -17,8 +17,8 @@ from tests.conformance.test_primitives import _write
 from tests.support.buckets_gateway import buckets_gateway
 from tests.support.seaweed import SeaweedS3
 from tests.support.sessions import RecordingSession as Session
+from traind.checkpoints.restore.download import restore
 
-from traind.checkpoints.restore import restore
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore
 from traind.storage import open_objects

@@ -12,11 +12,11 @@ from pathlib import Path
 from tests.integration.s3.conftest import s3_config
 from tests.support.s3proxy import ThrottlingProxy, throttling_proxy
 from tests.support.seaweed import SeaweedS3
+from traind.checkpoints.commit.lifecycle import PartsPendingError
+from traind.checkpoints.commit.streamer import Streamer
+from traind.checkpoints.state.identity import RunIdentity
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.identity import RunIdentity
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.lifecycle import PartsPendingError
-from traind.checkpoints.streamer import Streamer
 from traind.config import S3Storage
 from traind.protocol import CheckpointStore
 from traind.util.nodes import NodeRank

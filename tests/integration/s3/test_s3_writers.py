@@ -13,12 +13,12 @@ from tests.integration.s3.conftest import s3_config
 from tests.support.s3proxy import throttling_proxy
 from tests.support.seaweed import SeaweedS3
 from tests.support.writers import check_one_writer_each, close, race
+from traind.protocol.ownership import ConflictError
 
 from traind.config import S3Storage
 from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest, Writer
 from traind.protocol import CheckpointStore
-from traind.protocol.lease import ConflictError
 from traind.storage.s3 import conditional
 
 

@@ -18,8 +18,8 @@ import pytest
 from tests.support.checkpoints import run_in
 from tests.support.requires import need_binary, need_module
 from tests.support.sshd import HOST, SSHServer
+from traind.checkpoints.state.journal import Journal, JournalSession
 
-from traind.checkpoints.journal import Journal, JournalSession
 from traind.config import SSHStorage
 from traind.errors import StorageError
 from traind.layout.manifest import FileEntry, Manifest

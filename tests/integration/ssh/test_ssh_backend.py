@@ -85,7 +85,7 @@ async def test_uncommitted_upload_is_not_listed(
     sshd: SSHServer, make_backend: Callable[..., Any], checkpoint: Checkpoint, journal: Any,
 ) -> None:
     """Files without a manifest are an interrupted upload, never a checkpoint."""
-    from traind.checkpoints.journal import JournalSession
+    from traind.checkpoints.state.journal import JournalSession
 
     backend = make_backend(sshd)
     root, files = checkpoint("checkpoint-1", {"a.bin": b"x" * 1000})

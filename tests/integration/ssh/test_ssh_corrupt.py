@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 from tests.support.sshd import SSHServer
+from traind.checkpoints.restore.download import restore_newest
+from traind.checkpoints.restore.verify import check
+from traind.checkpoints.state.journal import Journal
 
-from traind.checkpoints.check import check
-from traind.checkpoints.journal import Journal
-from traind.checkpoints.restore import restore_newest
 from traind.errors import IntegrityError
 from traind.layout.manifest import Manifest
 from traind.storage import LocalFile

@@ -13,8 +13,8 @@ import pytest
 from structlog.testing import capture_logs
 from tests.support.net import free_port
 from tests.support.sshd import SSHServer, keygen
+from traind.checkpoints.state.journal import Journal, JournalSession
 
-from traind.checkpoints.journal import Journal, JournalSession
 from traind.errors import StorageError, TransientStorageError
 from traind.layout.keys import MANIFEST_NAME
 from traind.layout.manifest import Manifest, verify

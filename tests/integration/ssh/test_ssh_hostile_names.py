@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from tests.support.sessions import NoSession
 from tests.support.sshd import SSHServer
+from traind.checkpoints.restore.download import restore
 
-from traind.checkpoints.restore import restore
 from traind.errors import UnsafePathError
 from traind.layout.keys import MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest

@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 from tests.support.net import free_port
 from tests.support.procfs import autogroup_nice, autogroups, nice_of
 from tests.support.sshd import SSHServer, descendants, keygen
+from traind.checkpoints.state.journal import Journal, JournalSession
 
-from traind.checkpoints.journal import Journal, JournalSession
 from traind.errors import TransientStorageError
 from traind.layout.manifest import Manifest
 from traind.storage import LocalFile

@@ -9,10 +9,10 @@ import pytest
 from tests.integration.ssh.conftest import MakeBackend
 from tests.support.sshd import SSHServer
 from tests.support.writers import check_one_writer_each, close, race
+from traind.protocol.ownership import ConflictError
 
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import Manifest, Writer
-from traind.protocol.lease import ConflictError
 
 
 @pytest.mark.parametrize("transfer", ["sftp", "rsync"])

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from traind.launch.host.commands import run_local
 
-from traind.launch.rsync import run_local
 from traind.util import child
 
 # A shell that starts a grandchild in its group, says its pid, and waits on it.

@@ -30,7 +30,7 @@ from traind import __version__
 from traind.config import S3Storage
 from traind.errors import StorageError
 from traind.storage.s3.buffers import PartBody
-from traind.storage.s3.errors import RetryPolicy, Target, describe, retrying
+from traind.storage.s3.errors import RetryPolicy, S3Target, describe, retrying
 from traind.util import redact
 
 LIST_PAGE = 1000
@@ -54,7 +54,7 @@ _IDLE_HANDLERS = (
 (or, for Expect, cost a round trip): unregistered from each client."""
 
 
-def target_of(config: S3Storage) -> Target:
+def target_of(config: S3Storage) -> S3Target:
     """The secret-free description of where requests go."""
     if config.access_key_id is not None:
         creds = "storage.access_key_id/secret_access_key from the config"
@@ -62,7 +62,7 @@ def target_of(config: S3Storage) -> Target:
         creds = f"AWS profile {config.profile!r}"
     else:
         creds = "the default AWS credential chain (environment, profile, instance role)"
-    return Target(
+    return S3Target(
         bucket=config.bucket,
         endpoint=redact.url(config.endpoint_url) if config.endpoint_url else "AWS S3",
         region=config.region,
@@ -70,7 +70,7 @@ def target_of(config: S3Storage) -> Target:
     )
 
 
-async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, target: Target) -> Any:
+async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, target: S3Target) -> Any:
     """Create the S3 client inside ``stack`` (closed with it); raise StorageError if unusable."""
     keys: dict[str, str] = {}
     if config.access_key_id is not None and config.secret_access_key is not None:
@@ -134,7 +134,7 @@ class Ops:
     """Calls S3 operations on one bucket with the retry policy and error translation."""
 
     client: Any
-    target: Target
+    target: S3Target
     policy: RetryPolicy
     read_timeout: float
 

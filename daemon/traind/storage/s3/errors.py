@@ -34,7 +34,7 @@ _TRANSIENT = {
 
 
 @dataclass
-class Target:
+class S3Target:
     """Where requests go, for error messages: never holds a secret."""
 
     bucket: str
@@ -57,7 +57,7 @@ def _status(exc: bce.ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
-def is_transient(exc: BaseException, target: Target) -> bool:
+def is_transient(exc: BaseException, target: S3Target) -> bool:
     """Whether retrying ``exc`` may succeed."""
     if isinstance(exc, bce.ClientError):
         status = _status(exc)
@@ -73,13 +73,13 @@ def is_transient(exc: BaseException, target: Target) -> bool:
     )
 
 
-def describe(exc: BaseException, op: str, key: str | None, target: Target) -> str:
+def describe(exc: BaseException, op: str, key: str | None, target: S3Target) -> str:
     """A precise, secret-free sentence saying what failed and, where known, what to fix
     (the library's words carry the endpoint URL as configured: they are redacted)."""
     return redact.text(_sentence(exc, op, key, target))
 
 
-def _sentence(exc: BaseException, op: str, key: str | None, target: Target) -> str:
+def _sentence(exc: BaseException, op: str, key: str | None, target: S3Target) -> str:
     t = target
     where = f"s3://{t.bucket}/{key}" if key else f"bucket {t.bucket!r}"
     at = f"at {t.endpoint}"
@@ -123,14 +123,14 @@ def _sentence(exc: BaseException, op: str, key: str | None, target: Target) -> s
     return f"{op} on {where} {at} failed: {type(exc).__name__}: {exc}"
 
 
-def _unreached(exc: BaseException, target: Target) -> bool:
+def _unreached(exc: BaseException, target: S3Target) -> bool:
     """Whether ``exc`` failed to connect to an endpoint that has never answered."""
     return (isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError)
             and not target.reached)
 
 
 def translate(
-    exc: BaseException, op: str, key: str | None, target: Target, note: str = ""
+    exc: BaseException, op: str, key: str | None, target: S3Target, note: str = ""
 ) -> StorageError:
     """The traind error for ``exc`` (raise it ``from exc``), carrying its S3 code and HTTP
     status; ``note`` is added to the message."""
@@ -165,7 +165,7 @@ async def retrying(
     attempt: Callable[[], Awaitable[T]],
     op: str,
     key: str | None,
-    target: Target,
+    target: S3Target,
     policy: RetryPolicy,
 ) -> T:
     """Await ``attempt()`` until it succeeds, a permanent error happens, or retries run out;

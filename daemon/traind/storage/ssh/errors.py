@@ -32,7 +32,7 @@ _PERMANENT_DISCONNECTS = (
 
 
 @dataclass(frozen=True)
-class Target:
+class SSHTarget:
     """Where we connect, as the error messages name it."""
 
     host: str
@@ -54,7 +54,7 @@ class Target:
         return f"ssh-keyscan {port}{shlex.quote(self.host)}"
 
 
-def host_key_error(target: Target, known_hosts: Path, offered: str) -> StorageError:
+def host_key_error(target: SSHTarget, known_hosts: Path, offered: str) -> StorageError:
     """The error for a host key that ``known_hosts`` does not vouch for: unknown or changed.
 
     ``offered`` describes the key the server offered: its type and fingerprint, as known.
@@ -79,7 +79,7 @@ def host_key_error(target: Target, known_hosts: Path, offered: str) -> StorageEr
     )
 
 
-def _known_keys(target: Target, known_hosts: Path) -> list[asyncssh.SSHKey]:
+def _known_keys(target: SSHTarget, known_hosts: Path) -> list[asyncssh.SSHKey]:
     if not known_hosts.is_file():
         return []
     try:
@@ -90,7 +90,7 @@ def _known_keys(target: Target, known_hosts: Path) -> list[asyncssh.SSHKey]:
     return list(matched[0])
 
 
-def translate(exc: BaseException, target: Target, action: str) -> StorageError:
+def translate(exc: BaseException, target: SSHTarget, action: str) -> StorageError:
     """Classify ``exc`` (raised while doing ``action``) as a transient or permanent error,
     carrying its SFTP status or errno name as ``code``."""
     where = f"{target}: {action}"
@@ -123,7 +123,7 @@ def translate(exc: BaseException, target: Target, action: str) -> StorageError:
 
 
 def sftp_error(host: object, action: str, code: int, reason: str) -> StorageError:
-    """The error for an SFTP status ``code`` answering ``action`` on ``host`` (a Target or its
+    """The error for an SFTP status ``code`` answering ``action`` on ``host`` (a SSHTarget or its
     name): a lost connection is transient, anything else (no such file, permission denied,
     a failure) is not."""
     where = f"{host}: {action}"
@@ -137,7 +137,7 @@ def sftp_error(host: object, action: str, code: int, reason: str) -> StorageErro
     return StorageError(f"{where}: remote error: {reason}", code=name, op=action)
 
 
-def auth_error(target: Target, identity_file: Path | None) -> StorageError:
+def auth_error(target: SSHTarget, identity_file: Path | None) -> StorageError:
     """The error for a server that accepted none of the keys offered."""
     keys = (f"identity_file {identity_file}" if identity_file
             else "ssh-agent and ~/.ssh/id_* keys")
@@ -148,14 +148,14 @@ def auth_error(target: Target, identity_file: Path | None) -> StorageError:
     )
 
 
-def dns_error(target: Target, detail: str) -> TransientStorageError:
+def dns_error(target: SSHTarget, detail: str) -> TransientStorageError:
     """The error for a host name that does not resolve (retried: DNS hiccups pass)."""
     return TransientStorageError(
         f"{target}: cannot resolve host name {target.host!r} (DNS): {detail}"
     )
 
 
-def refused_error(target: Target) -> TransientStorageError:
+def refused_error(target: SSHTarget) -> TransientStorageError:
     """The error for a refused connection (retried: sshd may be restarting)."""
     return TransientStorageError(
         f"{target}: connection refused: nothing listens on port {target.port} "

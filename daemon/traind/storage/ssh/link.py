@@ -24,7 +24,7 @@ import structlog
 
 from traind.config import SSHStorage
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.ssh.errors import Target, auth_error, host_key_error, translate
+from traind.storage.ssh.errors import SSHTarget, auth_error, host_key_error, translate
 from traind.util.retry import Backoff
 from traind.util.retry import retrying as retry
 
@@ -81,7 +81,7 @@ class SSHLink:
 
     def __init__(self, config: SSHStorage) -> None:
         self.config = config
-        self.target = Target(config.host, config.port, config.user or getpass.getuser())
+        self.target = SSHTarget(config.host, config.port, config.user or getpass.getuser())
         self.known_hosts = (config.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
         self._sessions: list[_Session] = []
         self._opening = 0
