@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from traind import __version__
 from traind.errors import ConfigError, JournalError, TraindError
-from traind.util import logs
+from traind.util import logs, redact
 from traind.util.configfile import DEFAULT_CONFIG, config_path, path_arg
 
 if TYPE_CHECKING:
@@ -88,9 +88,12 @@ def _status_url(value: str) -> str:
     from traind.util.address import parse_listen
 
     parts = urlsplit(value if "://" in value else f"http://{value}")
+    shown = redact.url(value)
     try:
         if parts.scheme != "http" or parts.path not in ("", "/", "/status"):
-            raise ValueError(f"{value!r}: write http://HOST:PORT, e.g. http://127.0.0.1:9750")
+            raise ValueError(f"{shown!r}: write http://HOST:PORT, e.g. http://127.0.0.1:9750")
+        if "@" in parts.netloc:
+            raise ValueError(f"{shown!r}: the status server takes no user or password")
         parse_listen(parts.netloc)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
@@ -233,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         if not all(_expected(e) for e in failures):
             raise  # a bug: keep its traceback
         for failure in failures:
-            print(f"traind: {_explain(failure, args.command)}", file=sys.stderr)
+            print(f"traind: {redact.text(_explain(failure, args.command))}", file=sys.stderr)
         return 2 if all(isinstance(e, ConfigError) for e in failures) else 1
 
 

@@ -11,7 +11,8 @@ import itertools
 import os
 import tomllib
 from pathlib import Path, PurePath
-from typing import Annotated, Any, Literal, Self, get_args
+from typing import Annotated, Any, Literal, Self, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -34,7 +35,7 @@ from pydantic_settings import (
 
 from traind.errors import ConfigError, TraindError
 from traind.layout.keys import check_component
-from traind.util import nodes
+from traind.util import nodes, redact
 from traind.util.address import DEFAULT_LISTEN, parse_listen
 from traind.util.configfile import DEFAULT_CONFIG as DEFAULT_CONFIG
 from traind.util.configfile import config_path as config_path
@@ -174,6 +175,16 @@ class S3Storage(Section):
         v = v.strip("/")
         for part in v.split("/") if v else ():
             check_component(part, "prefix component")
+        return v
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        # Every request is signed with the keys: aiohttp refuses a URL's user and password
+        # beside the signature, so such an endpoint would fail every request.
+        if v is not None and "@" in urlsplit(v).netloc:
+            raise ValueError("must not hold a user or password: S3 requests are signed with "
+                             "access_key_id and secret_access_key (or profile)")
         return v
 
 
@@ -378,8 +389,12 @@ class _EnvSource(EnvSettingsSource):
             return super().decode_complex_value(field_name, field, value)
         except ValueError as exc:
             name = self._variable(field_name, value)
+            # A table ([storage], a child's env) may hold secrets: only a list is shown.
+            table = any(get_origin(k) is dict or (isinstance(k, type) and issubclass(k, BaseModel))
+                        for k in _kinds(field.annotation))
+            shown = "(a table: its value is not shown)" if table else redact.text(repr(value))
             raise _NotJSONError(
-                f"${name} = {value!r}: not JSON; a list or table from the environment is "
+                f"${name} = {shown}: not JSON; a list or table from the environment is "
                 'written as JSON, e.g. ["python", "train.py"] or {"KEY": "value"}'
             ) from exc
 
@@ -551,9 +566,43 @@ def _describe(err: Any) -> str:
         got = err["input"].get("type") if isinstance(err["input"], dict) else err["input"]
         return f"{loc} = {got!r}: not a storage type; allowed: {allowed}"
     value = err.get("input")
+    if _secret(parts):
+        return f"{loc} = {redact.MASK} (a secret: its value is not shown): {msg}"
     if isinstance(value, dict):
-        return f"{loc}: {msg}"
-    return f"{loc} = {value!r}: {msg.removeprefix(f'{value!r}: ')}"  # the value once
+        return redact.text(f"{loc}: {msg}")
+    return redact.text(f"{loc} = {value!r}: {msg.removeprefix(f'{value!r}: ')}")  # value once
+
+
+def _secret_keys(model: type[BaseModel]) -> frozenset[str]:
+    """The keys, anywhere in ``model``'s sections, whose value is a ``SecretStr``."""
+    found: set[str] = set()
+    for name, field in model.model_fields.items():
+        for kind in _kinds(field.annotation):
+            if kind is SecretStr:
+                found.add(name)
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
+                found |= _secret_keys(kind)
+    return frozenset(found)
+
+
+def _kinds(annotation: Any) -> list[Any]:
+    """``annotation`` and every type inside it (``SecretStr | None`` → both, and None)."""
+    return [annotation, *(k for arg in get_args(annotation) for k in _kinds(arg))]
+
+
+def _secret(parts: list[str]) -> bool:
+    """Whether the key at ``parts`` holds a secret: a ``SecretStr`` key (storage keys and
+    tokens), a child's environment variable named like one (``env.HF_TOKEN``), or a table
+    holding them given as one value (``$TRAIND_STORAGE``, ``env = "HF_TOKEN=..."``)."""
+    if parts and parts[-1] in SECRET_KEYS | SECRET_TABLES:
+        return True
+    return len(parts) > 1 and parts[-2] == "env" and redact.secret_name(parts[-1])
+
+
+SECRET_KEYS = _secret_keys(Settings)
+"""Keys whose value no message shows (``secret_access_key``, ``token``)."""
+SECRET_TABLES = frozenset({"storage", "env"})
+"""Tables holding secrets (``SECRET_KEYS``, a child's tokens): nor is their value shown."""
 
 
 def _location(loc: tuple[Any, ...]) -> list[str]:

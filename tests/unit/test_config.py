@@ -257,23 +257,28 @@ def test_zero_is_allowed_where_it_means_something(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("variable", "value"),
+    ("variable", "value", "shown"),
     [
-        ("TRAIND_CHECKPOINTS__MARKERS", "foo"),
-        ("TRAIND_CHECKPOINTS__MARKERS", '["a",'),
-        ("TRAIND_TRAINER__COMMAND", "python train.py"),
-        ("TRAIND_RUN", "xyz"),
+        ("TRAIND_CHECKPOINTS__MARKERS", "foo", "'foo'"),
+        ("TRAIND_CHECKPOINTS__MARKERS", '["a",', """'["a",'"""),
+        ("TRAIND_TRAINER__COMMAND", "python train.py", "'python train.py'"),
+        ("TRAIND_TRAINER__COMMAND", "python train.py --endpoint http://u:pw@h",
+         "'python train.py --endpoint http://u:***@h'"),
+        ("TRAIND_RUN", "xyz", "(a table: its value is not shown)"),
+        ("TRAIND_TRAINER__ENV", '{"HF_TOKEN": "hf_secret"', "(a table: its value is not shown)"),
     ],
 )
 def test_environment_list_that_is_not_json(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, shown: str
 ) -> None:
-    """A list or table override that is not JSON names the variable and says to write JSON."""
+    """A list or table override that is not JSON names the variable and says to write JSON;
+    a list's value is shown (a URL's password masked), a table's, which may hold secrets
+    (a child's env, [storage]), is not."""
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError) as info:
         config.load(write(tmp_path, MINIMAL))
     [problem] = info.value.problems
-    assert problem.startswith(f"${variable} = {value!r}: not JSON")
+    assert problem.startswith(f"${variable} = {shown}: not JSON")
     assert '["python", "train.py"]' in problem
 
 
@@ -390,6 +395,60 @@ def test_hf_storage_keeps_its_token_secret(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="repo_id"):
         config.validate({"run": {"name": "r", "output_dir": str(tmp_path / "out")},
                          "storage": {"type": "hf", "repo_id": "no-namespace"}})
+
+
+S3_SECRETS = """
+[storage]
+type = "s3"
+bucket = "ckpts"
+endpoint_url = "http://admin:pa55-in-url@127.0.0.1:8333"
+access_key_id = 12345678
+secret_access_key = ["wJalrXUtnFEMI-secret"]
+session_token = { value = "FwoGZXIvYXdz-token" }
+region = 5
+"""
+
+
+def test_a_secret_of_the_wrong_type_is_never_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storage key or token of the wrong type is reported by key, its value masked
+    whatever its type; a password inside a URL is masked in every problem showing it; nor
+    is a table of secrets given as one value shown."""
+    text = MINIMAL.split("[storage]")[0] + S3_SECRETS + (
+        '\n[trainer]\ncommand = ["t"]\nenv = { HF_TOKEN = 123, WANDB_API_KEY = ["k-secret"], '
+        'PLAIN = 7 }\n\n[vllm]\ncommand = ["v"]\n'
+        'health = { url = ["http://u:pa55-in-health@127.0.0.1:8001/health"] }\n')
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, text))
+    shown = str(info.value)
+    for secret in ("12345678", "wJalrXUtnFEMI", "FwoGZXIvYXdz", "123", "k-secret", "pa55"):
+        assert secret not in shown
+    problems = info.value.problems
+    for key in ("storage.access_key_id", "storage.secret_access_key", "storage.session_token",
+                "trainer.env.HF_TOKEN", "trainer.env.WANDB_API_KEY"):
+        assert f"{key} = *** (a secret: its value is not shown): " in shown, problems
+    assert "storage.region = 5: " in shown  # what is not secret is shown as before
+    assert "trainer.env.PLAIN = 7: " in shown
+    assert "vllm.health.url = ['http://u:***@127.0.0.1:8001/health']: " in shown
+    assert ("storage.endpoint_url = 'http://admin:***@127.0.0.1:8333': must not hold a user "
+            "or password") in shown
+    with pytest.raises(ConfigError) as info:
+        config.validate({"run": {"name": "r", "output_dir": str(tmp_path / "out")},
+                         "storage": {"type": "hf", "repo_id": "org/ckpts", "token": 123,
+                                     "endpoint": ["https://u:pa55-hf@hub.example"]}})
+    assert info.value.problems == [
+        "storage.endpoint = ['https://u:***@hub.example']: Input should be a valid string",
+        "storage.token = *** (a secret: its value is not shown): Input should be a valid string",
+    ]
+    monkeypatch.setenv("TRAIND_STORAGE", "type=s3 secret_access_key=env-secret")
+    monkeypatch.setenv("TRAIND_TRAINER", '{"command": ["t"], "env": "HF_TOKEN=env-token"}')
+    with pytest.raises(ConfigError) as info:
+        config.load(write(tmp_path, MINIMAL))
+    assert "env-secret" not in str(info.value)
+    assert "env-token" not in str(info.value)
+    assert info.value.problems[0].startswith(
+        "storage (from $TRAIND_STORAGE) = *** (a secret: its value is not shown): ")
 
 
 def test_an_override_naming_no_section_is_a_problem(

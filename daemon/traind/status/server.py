@@ -12,6 +12,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Mapping
 from importlib import resources
 from types import TracebackType
@@ -19,6 +20,7 @@ from typing import Any, cast
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from traind.errors import TraindError
 from traind.status.metrics import CONTENT_TYPE, Metrics
@@ -29,6 +31,11 @@ from traind.util.address import TCPAddress, UnixAddress, parse_listen
 log = structlog.get_logger("traind.status")
 
 Snapshot = Callable[[], Mapping[str, Any]]
+
+IDLE_TIMEOUT = 15.0
+"""Seconds a connection may stay open without a whole request (aiohttp's keep-alive timer,
+which also runs from the connection's start): an idle or slow client is let go well before
+an hour's worth of them could hold the daemon's file descriptors."""
 
 ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "icon.svg": "image/svg+xml"}
 """The status page's files in ``traind/status/page/``, and their content types."""
@@ -54,6 +61,28 @@ def _assets() -> dict[str, tuple[bytes, str]]:
     return found
 
 
+class _RequestLog(logging.Logger):
+    """aiohttp's server logger (``RequestHandler(logger=...)``): what aiohttp reports there
+    becomes one structlog event. A request aiohttp refused before any handler ran (a bad
+    request line or method, a header past its limits, bytes that are not HTTP) was answered
+    4xx already: one ``status_request_refused`` line, without aiohttp's traceback."""
+
+    def __init__(self) -> None:
+        super().__init__("traind.status.requests")
+
+    def handle(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if isinstance(exc, HttpProcessingError):
+            said = " ".join(str(exc.message).split())  # a multi-line message in one line
+            # aiohttp says debug for non-HTTP bytes (TLS, a scanner) as a connection's first
+            (log.debug if record.levelno < logging.INFO else log.info)(
+                "status_request_refused", remote=remote, status=exc.code, reason=said[:200])
+        else:
+            log.error("status_request_failed", remote=remote, message=record.getMessage(),
+                      exc_info=record.exc_info)
+
+
 class StatusServer:
     """Serves the daemon's snapshot and metrics; ``async with`` it, or ``start``/``stop``."""
 
@@ -72,7 +101,8 @@ class StatusServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics_page)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
+                               logger=_RequestLog(), keepalive_timeout=IDLE_TIMEOUT)
         await runner.setup()
         site: web.BaseSite
         if isinstance(self.address, UnixAddress):

@@ -18,6 +18,7 @@ from yarl import URL
 
 from traind.config import HealthConfig
 from traind.errors import SupervisorError
+from traind.util import redact
 
 log = structlog.get_logger("traind.supervisor")
 
@@ -59,14 +60,14 @@ async def probe(session: aiohttp.ClientSession, url: str, limit: float) -> Resul
                 return Result(Probe.OK, 200)
             where = resp.headers.get("Location", "")
             kind = Probe.REDIRECT if 300 <= resp.status < 400 else Probe.BAD_STATUS
-            return Result(kind, resp.status, f"location={where}" if where else "")
+            return Result(kind, resp.status, f"location={redact.url(where)}" if where else "")
     except TimeoutError:
         return Result(Probe.TIMEOUT, detail=f"no answer within {limit}s")
     except aiohttp.ClientConnectorError as exc:
         refused = exc.os_error.errno == errno.ECONNREFUSED
-        return Result(Probe.REFUSED if refused else Probe.ERROR, detail=str(exc))
+        return Result(Probe.REFUSED if refused else Probe.ERROR, detail=redact.text(str(exc)))
     except aiohttp.ClientError as exc:
-        return Result(Probe.ERROR, detail=f"{type(exc).__name__}: {exc}")
+        return Result(Probe.ERROR, detail=redact.text(f"{type(exc).__name__}: {exc}"))
 
 
 def _session() -> aiohttp.ClientSession:
@@ -83,7 +84,8 @@ class HealthCheck:
 
     def __init__(self, config: HealthConfig, child: str) -> None:
         self.config = config
-        self._log = log.bind(child=child, url=config.url)
+        self._shown = redact.url(config.url)  # the URL as messages show it
+        self._log = log.bind(child=child, url=self._shown)
 
     async def wait_ready(self) -> None:
         """Return after ``successes`` 200s in a row; anything else while loading (refused,
@@ -107,13 +109,13 @@ class HealthCheck:
                 await asyncio.sleep(min(c.interval, max(0.0, deadline - loop.time())))
         self._log.warning("health_not_ready", seconds=c.ready_timeout, last=last.probe.value,
                           status=last.status, detail=last.detail)
-        raise SupervisorError(f"{c.url} not ready within {c.ready_timeout}s ({last.probe})")
+        raise SupervisorError(f"{self._shown} not ready within {c.ready_timeout}s ({last.probe})")
 
     def _redirected(self, result: Result) -> HealthRedirectError:
         target = result.detail.removeprefix("location=") or "an unnamed location"
         self._log.error("health_redirect", status=result.status, location=target)
         return HealthRedirectError(
-            f"health url {self.config.url} answers {result.status} redirecting to {target}; "
+            f"health url {self._shown} answers {result.status} redirecting to {target}; "
             "set the health url to the path the server serves (vLLM: /health)"
         )
 

@@ -24,6 +24,7 @@ from traind.supervisor.env import CHILD_TAG, OWNER_TAG, child_env, new_tag
 from traind.supervisor.output import ChildLog, Pipes
 from traind.supervisor.policy import Role
 from traind.supervisor.procfs import Proc, ProcessTree
+from traind.util import redact
 from traind.util.child import spawn_with, uninterrupted
 from traind.util.poll import poll_until
 
@@ -151,13 +152,13 @@ class ManagedProcess:
         except OSError as exc:
             await asyncio.to_thread(self._file.close)
             self._file = None
-            self._log.error("child_spawn_failed", argv=list(argv), error=str(exc))
+            self._log.error("child_spawn_failed", argv=redact.argv(argv), error=str(exc))
             self.set_state(State.EXITED)
             raise SupervisorError(f"cannot start {self.name}: {argv[0]}: {exc}") from exc
         self._transport = transport
         self.pid = transport.get_pid()
         self._tree = ProcessTree(self.pid, tag)
-        self._log.info("child_started", pid=self.pid, argv=list(argv), **(facts or {}))
+        self._log.info("child_started", pid=self.pid, argv=redact.argv(argv), **(facts or {}))
         return self.pid
 
     async def wait(self) -> int:

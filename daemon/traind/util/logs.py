@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
+
+from traind.util import redact
 
 if TYPE_CHECKING:
     from structlog.typing import Processor
@@ -45,6 +47,7 @@ def configure(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redacted,
             *processors,
             renderer,
             *([_clear_line] if tty else []),
@@ -55,6 +58,18 @@ def configure(
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+
+
+def redacted(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A structlog processor masking the credentials of every URL in the event's text fields
+    (``traind.util.redact``): whatever a message or a library's error carried, no log line,
+    and no error kept for ``/status``, shows a password."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = redact.text(value)
+        elif isinstance(value, list | tuple) and any(isinstance(v, str) for v in value):
+            event[key] = [redact.text(v) if isinstance(v, str) else v for v in value]
+    return event
 
 
 def _clear_line(_: Any, __: str, line: Any) -> Any:

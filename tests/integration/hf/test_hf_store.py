@@ -159,6 +159,19 @@ async def test_the_hubs_errors_are_storage_errors(hub: FakeHub, tmp_path: Path) 
     assert "maximum size" in str(too_big.value)
 
 
+async def test_a_password_in_the_endpoint_is_not_in_the_hubs_errors(hub: FakeHub) -> None:
+    """huggingface_hub's errors name the request's URL: a password in a self-hosted
+    endpoint's URL is masked in the StorageError made of them (here the Hub's 401: httpx
+    sends the URL's user and password instead of the token)."""
+    endpoint = hub.endpoint.replace("http://", "http://proxy:pa55-hub@")
+    missing = open_objects(hf_config(hub, _repo(), create_repo=False, endpoint=endpoint), "run")
+    async with asyncio.timeout(30):
+        with pytest.raises(StorageError) as absent:
+            await missing.probe()
+    assert "http://proxy:***@127.0.0.1:" in str(absent.value)
+    assert "pa55-hub" not in str(absent.value)
+
+
 async def test_api_calls_past_the_window_wait_for_the_reset() -> None:
     """Past the Hub's API calls per window (429 with RateLimit) reads and writes wait the
     reset out and still succeed."""

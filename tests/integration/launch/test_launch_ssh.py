@@ -27,10 +27,12 @@ from tests.integration.launch.lifecycle import (
 from tests.support.requires import missing, need_binary, need_module
 from tests.support.sshd import SSHServer, keygen
 
+from traind.launch.base import SSHEndpoint
 from traind.launch.commands import flow, manage
 from traind.launch.config import load
-from traind.launch.errors import HostUnreachableError
+from traind.launch.errors import HostUnreachableError, RemoteCommandError
 from traind.launch.handles import LaunchStore
+from traind.launch.host.remote import SSHRemote
 from traind.launch.registry import open_backend
 
 pytestmark = pytest.mark.timeout(240)
@@ -68,6 +70,17 @@ port = {sshd.port}
 user = "{sshd.user}"
 known_hosts = "{known_hosts or sshd.known_hosts}"
 """
+
+
+def test_a_command_timing_out_does_not_show_its_environment(sshd: SSHServer) -> None:
+    """A remote command past its time limit is named without the exports before it: the
+    launch's [run] env (HF_TOKEN, WANDB_API_KEY) stays out of the error."""
+    remote = SSHRemote(SSHEndpoint("127.0.0.1", sshd.port, sshd.user,
+                                   str(sshd.user_key.path), str(sshd.known_hosts)))
+    with pytest.raises(RemoteCommandError) as info:
+        asyncio.run(remote.run(["sleep", "30"], env={"HF_TOKEN": "hf_launch_secret"}, within=2))
+    assert "'sleep 30' did not finish within 2" in str(info.value)
+    assert "hf_launch_secret" not in str(info.value)
 
 
 def test_ssh_launch_train_detach_then_down(tmp_path: Path, sshd: SSHServer, state: Path) -> None:

@@ -91,8 +91,9 @@ class SSHRemote:
                 await asyncio.gather(pump(proc.stdout, sink), pump(proc.stderr, tail.append))
                 done = await proc.wait()
         except TimeoutError as exc:
+            shown = shell_line(command)[:80]  # not its exports: [run] env holds tokens
             raise RemoteCommandError(
-                f"ssh {self.endpoint}: {line[:80]!r} did not finish within {within}s"
+                f"ssh {self.endpoint}: {shown!r} did not finish within {within}s"
             ) from exc
         except (OSError, asyncssh.Error) as exc:
             raise HostUnreachableError(f"ssh {self.endpoint}: connection lost: {exc}") from exc

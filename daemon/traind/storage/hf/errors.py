@@ -12,6 +12,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils._http import parse_ratelimit_headers
 
 from traind.errors import StorageError, TransientStorageError
+from traind.util import redact
 
 MISSING = "NotFound"
 """The code of a missing file (``StorageError.missing`` is true for it)."""
@@ -47,6 +48,7 @@ def translate(exc: BaseException, where: str, op: str, key: str | None = None) -
     status = status_of(exc)
     inner = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ else exc
     said = " ".join(line.strip() for line in str(inner).splitlines() if line.strip())
+    said = redact.text(said)  # the request's URL: a self-hosted endpoint's password
     message = f"{where}: {op}: {said[:600] or type(inner).__name__}"
     if isinstance(inner, EntryNotFoundError):
         code = MISSING

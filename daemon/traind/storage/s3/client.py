@@ -31,6 +31,7 @@ from traind.config import S3Storage
 from traind.errors import StorageError
 from traind.storage.s3.buffers import PartBody
 from traind.storage.s3.errors import RetryPolicy, S3Target, describe, retrying
+from traind.util import redact
 
 LIST_PAGE = 1000
 """Keys per listing request: S3's most."""
@@ -63,7 +64,7 @@ def target_of(config: S3Storage) -> S3Target:
         creds = "the default AWS credential chain (environment, profile, instance role)"
     return S3Target(
         bucket=config.bucket,
-        endpoint=config.endpoint_url or "AWS S3",
+        endpoint=redact.url(config.endpoint_url) if config.endpoint_url else "AWS S3",
         region=config.region,
         credentials=creds,
     )

@@ -19,6 +19,7 @@ import structlog
 from botocore import exceptions as bce
 
 from traind.errors import StorageError, TransientStorageError
+from traind.util import redact
 from traind.util.retry import Backoff
 from traind.util.retry import retrying as retry
 
@@ -38,6 +39,7 @@ class S3Target:
 
     bucket: str
     endpoint: str
+    """The endpoint URL, its credentials masked (``traind.util.redact``)."""
     region: str | None
     credentials: str
     reached: bool = field(default=False)
@@ -72,7 +74,12 @@ def is_transient(exc: BaseException, target: S3Target) -> bool:
 
 
 def describe(exc: BaseException, op: str, key: str | None, target: S3Target) -> str:
-    """A precise, secret-free sentence saying what failed and, where known, what to fix."""
+    """A precise, secret-free sentence saying what failed and, where known, what to fix
+    (the library's words carry the endpoint URL as configured: they are redacted)."""
+    return redact.text(_sentence(exc, op, key, target))
+
+
+def _sentence(exc: BaseException, op: str, key: str | None, target: S3Target) -> str:
     t = target
     where = f"s3://{t.bucket}/{key}" if key else f"bucket {t.bucket!r}"
     at = f"at {t.endpoint}"

@@ -69,7 +69,7 @@ class S3Store:
     @property
     def describe(self) -> str:
         where = f"s3://{self._config.bucket}/{self._run_prefix}"
-        return f"{where} at {self._config.endpoint_url}" if self._config.endpoint_url else where
+        return f"{where} at {self._target.endpoint}" if self._config.endpoint_url else where
 
     def where(self, key: str) -> str:
         return f"s3://{self._config.bucket}/{self._run_prefix}{key}"
