@@ -67,7 +67,8 @@ LEVELS = ("debug", "info", "warning", "error", "critical")
 EXIT_UNSTORED = 75
 """``traind run`` stopped (SIGTERM) before every checkpoint was committed: the ones not in
 the store are named in its last log line (EX_TEMPFAIL: a restart on this host commits them).
-0 means everything was stored, 1 a failure, 2 an invalid configuration."""
+0 means everything was stored, 1 a failure, 2 an invalid configuration; under ``[trainer]
+exit_when_failed``, the status of a trainer given up on."""
 
 
 def _seconds_arg(value: str) -> float:
@@ -297,6 +298,8 @@ async def _run(args: argparse.Namespace) -> int:
     daemon = await Daemon.open(settings, config_path=path, recent=recent,
                                restore=not args.no_restore)
     await daemon.run(stop, reload)
+    if daemon.failed_with is not None:
+        return daemon.failed_with
     return EXIT_UNSTORED if daemon.unstored else 0
 
 

@@ -374,6 +374,9 @@ class TrainerConfig(ChildConfig):
     first_progress_timeout: PositiveDuration | None = 3600.0
     distributed: bool = False
     exit_when_done: bool = True  # after the trainer exits 0 and every checkpoint is committed
+    # after the trainer is given up on (FATAL, or not restarted) and every checkpoint is
+    # committed, traind exits with the trainer's exit status: a container's job then ends
+    exit_when_failed: bool = False
 
 
 class _NotJSONError(TraindError, ValueError):

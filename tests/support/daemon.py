@@ -72,15 +72,17 @@ listen = "127.0.0.1:{port}"
 
 
 class DaemonProcess:
-    """``traind run -c CONFIG`` in its own process group, with its events collected."""
+    """``traind run -c CONFIG`` in its own process group, with its events collected;
+    ``wrapper`` is a command that runs it (``unshare ... --``)."""
 
     def __init__(
-        self, config: Path, env: dict[str, str] | None = None, args: Sequence[str] = ()
+        self, config: Path, env: dict[str, str] | None = None, args: Sequence[str] = (),
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.config = config
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "traind", "run", "-c", str(config), *args],
+            [*wrapper, sys.executable, "-m", "traind", "run", "-c", str(config), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=full_env,

@@ -5,11 +5,15 @@ Run as a script (it is the trainer command of traind's tests)::
     python tests/support/tiny_train.py --output-dir DIR [--max-steps N] [--save-steps 1]
         [--save-total-limit 2] [--resume] [--crash-at-step K] [--hang-at-step K]
         [--step-sleep SECONDS] [--callback] [--save-only-model] [--hidden-size 32]
+        [--leave-orphans]
 
 ``--resume`` continues from ``$TRAIND_RESUME_FROM`` when set, else from the newest
 ``checkpoint-N`` in DIR when there is one. ``--crash-at-step K`` exits with ``CRASH_EXIT``
 right after checkpoint K is saved; ``--hang-at-step K`` sleeps forever there. One line
-``step=N loss=X`` is printed (and flushed) per step.
+``step=N loss=X`` is printed (and flushed) per step. ``--leave-orphans`` first double-forks
+two grandchildren in sessions of their own, as daemonizing helpers do: one exits after
+``ORPHAN_SECONDS`` (its parent gone, it becomes a zombie of whoever adopted it), the other
+sleeps on past the trainer; it prints ``orphans=PID,PID``.
 
 Importing this module is cheap (stdlib only) so tests can use ``train_command``.
 """
@@ -26,6 +30,8 @@ from typing import Any
 SCRIPT = Path(__file__).resolve()
 CRASH_EXIT = 17
 """Exit status of an injected ``--crash-at-step`` crash."""
+ORPHAN_SECONDS = 1.0
+"""How long ``--leave-orphans``'s short-lived grandchild lives."""
 
 # fmt: off
 _WORDS = [
@@ -71,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="save the model alone (no optimizer, scheduler or RNG state)")
     parser.add_argument("--hidden-size", type=int, default=32,
                         help="the model's width: larger checkpoints (about hidden_size**2)")
+    parser.add_argument("--leave-orphans", action="store_true",
+                        help="double-fork a short-lived and a long-lived grandchild first")
     return parser.parse_args(argv)
 
 
@@ -247,9 +255,31 @@ def build_trainer(opts: argparse.Namespace, callbacks: list[Any] | None = None) 
     return trainer
 
 
+def orphan(seconds: float) -> int:
+    """Double-fork a process in a session of its own that sleeps ``seconds`` then exits; its
+    parent is gone before this returns, so it is adopted (by a subreaper or init)."""
+    read, write = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        grandchild = os.fork()
+        if grandchild == 0:
+            os.close(write)  # the trainer reads the pipe to its end
+            time.sleep(seconds)
+            os._exit(0)
+        os.write(write, str(grandchild).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(middle, 0)
+    with os.fdopen(read) as pipe:
+        return int(pipe.read())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build everything in code and train; return the exit status."""
     opts = parse_args(argv)
+    if opts.leave_orphans:
+        print(f"orphans={orphan(ORPHAN_SECONDS)},{orphan(3600)}", flush=True)
     trainer = build_trainer(opts)
     resume = resume_target(opts.output_dir) if opts.resume else None
     print(f"train_start resume_from={resume}", flush=True)

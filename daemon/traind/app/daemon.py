@@ -38,6 +38,7 @@ from traind.status.model import RecentErrors
 from traind.status.server import StatusServer
 from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
+from traind.supervisor.reaper import REAP_INTERVAL, Reaper
 from traind.supervisor.supervisor import Supervisor
 from traind.util import priority
 from traind.util.child import uninterrupted
@@ -118,6 +119,8 @@ class Daemon:
                                self.streamer, self.node, self.observer)
         self.unstored: list[str] = []
         """After ``run``: the checkpoints not committed when it stopped, newest first."""
+        self.failed_with: int | None = None
+        """After ``run``: ``traind run``'s exit status when ``exit_when_failed`` stopped it."""
         self._reached = False
         self._unreconciled: list[str] = []
         self._done: set[str] = set()
@@ -324,6 +327,8 @@ class Daemon:
         ]
         if self.supervisor is not None:
             background.append(tg.create_task(self._supervise(watcher, stop), name="supervisor"))
+        if self.supervisor is not None or os.getpid() == 1:  # a subreaper, or init
+            background.append(tg.create_task(self._reap_loop(), name="reaper"))
         stop_watching = asyncio.Event()
         running = _Running(
             background,
@@ -413,16 +418,23 @@ class Daemon:
             log.info("daemon_stopped", unstored=[])
 
     async def _supervise(self, watcher: Watcher, stop: asyncio.Event) -> None:
-        """Run the children; when training finished, commit what is left, then stop."""
+        """Run the children; when training finished, commit what is left, then stop. When it
+        failed for good, so too under ``exit_when_failed``, with the trainer's exit status."""
         assert self.supervisor is not None
         outcome = await self.supervisor.run()
+        trainer = self.settings.trainer
+        exits = trainer is not None and (
+            trainer.exit_when_done if outcome == "finished" else trainer.exit_when_failed)
         if outcome != "finished":
             log.error(
                 "supervision_ended",
                 outcome=outcome,
-                hint="checkpoint streaming continues; see the child_* events",
+                hint="traind exits once every checkpoint is committed" if exits else
+                     "checkpoint streaming continues; see the child_* events",
             )
-            return
+            if not exits:
+                return
+            self.failed_with = self.supervisor.failure_status()
         # The trainer is gone: every marked checkpoint it left is complete now, settled or
         # not. The scan is not cut short by a stop (no snapshot is left half taken).
         await uninterrupted(watcher.final_scan(writer_gone=True))
@@ -430,11 +442,9 @@ class Daemon:
             log.info("run_waiting_for_uploads", checkpoints=self.streamer.pending,
                      hint="the daemon exits once every checkpoint is committed")
         await self.streamer.wait_idle()
-        log.info(
-            "run_complete",
-            exit=bool(self.settings.trainer and self.settings.trainer.exit_when_done),
-        )
-        if self.settings.trainer is not None and self.settings.trainer.exit_when_done:
+        if outcome == "finished":
+            log.info("run_complete", exit=exits)
+        if exits:
             stop.set()
 
     async def _hand_on_left(self) -> None:
@@ -460,6 +470,15 @@ class Daemon:
         while True:
             await asyncio.sleep(self.settings.checkpoints.poll_interval)
             await self._check_space()
+
+    async def _reap_loop(self) -> None:
+        """Wait for the orphans this daemon adopted, as PID 1 or subreaper, once they exit:
+        nothing else would, and each would stay a zombie."""
+        reaper = Reaper()
+        while True:
+            await asyncio.sleep(REAP_INTERVAL)
+            for pid, code in (await asyncio.to_thread(reaper.sweep)).items():
+                log.info("orphan_reaped", pid=pid, returncode=code)
 
     async def _check_space(self) -> None:
         """One free-space check; a failed one must never stop the daemon or a snapshot."""

@@ -156,6 +156,15 @@ class Supervisor:
         log.info("supervisor_stopped", outcome=self.outcome)
         self._stopped.set()
 
+    def failure_status(self) -> int:
+        """The exit status that passes a failed run on: the trainer's own when it failed (a
+        signal N as 128 + N, as a shell says it), else 1 (another child ended the run)."""
+        trainer = self.trainer
+        code = trainer.process.last_exit if trainer is not None else None
+        if trainer is None or trainer.outcome not in ("failed", "fatal") or not code:
+            return 1
+        return 128 - code if code < 0 else code
+
     def _decide_outcome(self) -> str:
         if self.trainer is not None and self.trainer.outcome == "finished":
             return "finished"
