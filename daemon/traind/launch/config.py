@@ -195,6 +195,34 @@ class NebiusSection(CloudSection):
                        "network_hdd"] = "network_ssd"
 
 
+class HFJobsSection(Section):
+    """``[hf_jobs]``: Hugging Face Jobs through huggingface_hub's Jobs API. The API token is
+    huggingface_hub's own (``$HF_TOKEN``, else ``hf auth login``'s file); ``endpoint`` empty
+    means ``$HF_ENDPOINT``, else huggingface.co."""
+
+    image: str = ""
+    flavor: str = "cpu-basic"
+    timeout: Duration = 1800.0
+    namespace: str = ""
+    secrets: tuple[str, ...] = ("HF_TOKEN",)
+    labels: dict[str, str] = Field(default_factory=dict)
+    traind: str = "traind"
+    endpoint: str = ""
+    poll_interval: Duration = 5.0
+    cancel_timeout: Duration = 120.0
+    retries: int = Field(default=4, ge=0)
+    backoff_initial: Duration = 1.0
+    backoff_max: Duration = 20.0
+
+    @field_validator("secrets")
+    @classmethod
+    def _names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            if not name.isidentifier():
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return v
+
+
 class SSHHost(Section):
     """One ``[[ssh.hosts]]`` entry: a host you already have, and what it offers."""
 
@@ -228,7 +256,7 @@ class LaunchConfig(Section):
     """The whole launch.toml."""
 
     name: str
-    backend: Literal["local", "ssh", "vast", "runpod", "lambda", "nebius"]
+    backend: Literal["local", "ssh", "vast", "runpod", "lambda", "nebius", "hf-jobs"]
     run: RunSection
     constraints: ConstraintsSection = ConstraintsSection()
     host: HostSection = HostSection()
@@ -238,6 +266,7 @@ class LaunchConfig(Section):
     runpod: RunPodSection = RunPodSection()
     lambda_: LambdaSection = Field(default=LambdaSection(), alias="lambda")
     nebius: NebiusSection = NebiusSection()
+    hf_jobs: HFJobsSection = HFJobsSection()
     ssh: SSHSection = SSHSection()
 
     @field_validator("name")
@@ -251,6 +280,8 @@ class LaunchConfig(Section):
             raise ValueError('backend = "ssh" needs at least one [[ssh.hosts]] entry')
         if self.backend == "nebius" and not self.nebius.subnet_id:
             raise ValueError('backend = "nebius" needs [nebius] subnet_id (nebius vpc subnet list)')
+        if self.backend == "hf-jobs" and not self.hf_jobs.image:
+            raise ValueError('backend = "hf-jobs" needs [hf_jobs] image (one with traind in it)')
         return self
 
     def remote_root(self, name: str | None = None) -> str:
@@ -263,7 +294,7 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> LaunchConfig:
     data = read_toml(path)
     data.update(overrides or {})
     for section in ("constraints", "host", "install", "pull", "vast", "runpod", "lambda",
-                    "nebius", "ssh"):
+                    "nebius", "hf_jobs", "ssh"):
         data.setdefault(section, {})  # validated here, so default paths resolve beside the file
     try:
         return LaunchConfig.model_validate(data, context={"base": path.resolve().parent})

@@ -7,6 +7,7 @@ import importlib
 from traind.launch.base import HostBackend
 from traind.launch.config import LaunchConfig
 from traind.launch.handles import LaunchStore
+from traind.launch.jobs import JobBackend
 
 BACKENDS = {
     "local": "traind.launch.providers.local.adapter:LocalBackend",
@@ -16,12 +17,21 @@ BACKENDS = {
     "lambda": "traind.launch.providers.lambda_cloud.adapter:LambdaBackend",
     "nebius": "traind.launch.providers.nebius.adapter:NebiusBackend",
 }
+JOB_BACKENDS = {
+    "hf-jobs": "traind.launch.providers.hf_jobs.adapter:HFJobsBackend",
+}
+"""Container-job platforms: the job is the run (launch/jobs.py)."""
+
+
+def _class(path: str) -> type:
+    module_name, _, class_name = path.partition(":")
+    cls: type = getattr(importlib.import_module(module_name), class_name)
+    return cls
 
 
 def open_backend(config: LaunchConfig, store: LaunchStore) -> HostBackend:
     """The adapter ``config.backend`` names, built from its section (no I/O)."""
-    module_name, _, class_name = BACKENDS[config.backend].partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls = _class(BACKENDS[config.backend])
     if config.backend == "local":
         backend: HostBackend = cls(store)
     elif config.backend == "ssh":
@@ -30,4 +40,10 @@ def open_backend(config: LaunchConfig, store: LaunchStore) -> HostBackend:
         section = {"vast": config.vast, "runpod": config.runpod, "lambda": config.lambda_,
                    "nebius": config.nebius}[config.backend]
         backend = cls(section, store, config.host.ssh_key)
+    return backend
+
+
+def open_job_backend(config: LaunchConfig) -> JobBackend:
+    """The job platform ``config.backend`` names, built from its section (no I/O)."""
+    backend: JobBackend = _class(JOB_BACKENDS[config.backend])(config.hf_jobs)
     return backend

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from tests.conformance.test_parts import staged_host
+from tests.conformance.test_multinode_parts import staged_host
 from tests.support.sessions import RecordingSession
 
 from traind.checkpoints.commit.lifecycle import PartsGoneError, PartsPendingError

@@ -19,9 +19,11 @@ import structlog
 from traind.config import path_arg
 from traind.errors import TraindError
 from traind.launch import config as launch_config
-from traind.launch.commands import flow, manage
+from traind.launch.commands import flow, jobflow, manage
 from traind.launch.handles import LaunchRecord, LaunchStore
-from traind.launch.registry import open_backend
+from traind.launch.registry import JOB_BACKENDS, open_backend, open_job_backend
+
+Context = flow.Context | jobflow.Context
 
 log = structlog.get_logger("traind.launch")
 
@@ -79,22 +81,25 @@ async def handle(args: argparse.Namespace) -> int:
         return _list(store)
     record = store.load(args.name)
     ctx = _context(args.config or record.config_path, store)
+    ops: Any = jobflow if isinstance(ctx, jobflow.Context) else manage  # the same calls
     if action == "status":
-        facts = await manage.status(ctx, record)
+        facts = await ops.status(ctx, record)
         print(json.dumps(facts, indent=2) if args.json else _table(facts))
     elif action == "logs":
         detach = _detach_on_sigint()
-        await manage.logs(ctx, record, args.lines, args.follow, detach, _print)
+        await ops.logs(ctx, record, args.lines, args.follow, detach, _print)
     elif action == "pull":
-        print(await manage.pull(ctx, record, args.tag, args.dir))
+        print(await ops.pull(ctx, record, args.tag, args.dir))
     elif action == "down":
-        pulled = await manage.down(ctx, record, pull_first=not args.no_pull)
+        pulled = await ops.down(ctx, record, pull_first=not args.no_pull)
         print(f"{record.name}: down" + (f"; newest checkpoint in {pulled}" if pulled else ""))
     return 0
 
 
-def _context(path: str | Path, store: LaunchStore) -> flow.Context:
+def _context(path: str | Path, store: LaunchStore) -> Context:
     cfg = launch_config.load(Path(path))
+    if cfg.backend in JOB_BACKENDS:
+        return jobflow.Context(cfg, open_job_backend(cfg), store)
     return flow.Context(cfg, open_backend(cfg, store), store)
 
 
@@ -121,9 +126,10 @@ async def _up(args: argparse.Namespace) -> int:
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, on_sigint)
+    ops: Any = jobflow if isinstance(ctx, jobflow.Context) else flow
     try:
         try:
-            record = await flow.launch(ctx, path, name)
+            record = await ops.launch(ctx, path, name)
         except asyncio.CancelledError:
             _say_what_is_left(store, name)
             return 130
@@ -135,12 +141,12 @@ async def _up(args: argparse.Namespace) -> int:
                   f"traind launch logs {name} -f | status {name} | down {name}")
             return 0
         phase = "follow"
-        outcome = await flow.follow(ctx, record, detach, _print)
+        outcome = await ops.follow(ctx, record, detach, _print)
         print(f"{name}: {outcome}", file=sys.stderr)
         if outcome == "finished" and ctx.config.host.on_finish == "down":
             phase = "down"
-            await manage.down(ctx, record)
-        return 0
+            await (jobflow if ops is jobflow else manage).down(ctx, record)
+        return 0 if outcome in ("finished", "detached", "stopped") else 1
     finally:
         loop.remove_signal_handler(signal.SIGINT)
 

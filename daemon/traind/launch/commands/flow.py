@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,6 +217,18 @@ async def _teardown_after_failure(ctx: Context, record: LaunchRecord) -> None:
     await ctx.backend.teardown(record.handle)
 
 
+async def first_done(*aws: Awaitable[Any]) -> list[asyncio.Future[Any]]:
+    """Run ``aws`` until the first of them ends; cancel the others, and return them all."""
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return tasks
+
+
 def log_event(line: str) -> str | None:
     """The ``event`` of a traind JSON log line, or None."""
     try:
@@ -240,17 +252,11 @@ async def follow(
 
     where = layout(record)
     while True:
-        tail = asyncio.ensure_future(ctx.backend.run_remote(
-            record.handle, service.logs(record.service, where, lines, follow=True), stream=sink
-        ))
-        ends = [tail, asyncio.ensure_future(detach.wait()),
-                asyncio.ensure_future(finished.wait())]
-        try:
-            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in ends:
-                task.cancel()
-            await asyncio.gather(*ends, return_exceptions=True)
+        tail, *_ = await first_done(
+            ctx.backend.run_remote(record.handle, service.logs(record.service, where, lines,
+                                                               follow=True), stream=sink),
+            detach.wait(), finished.wait(),
+        )
         if detach.is_set():
             log.info("launch_detached", launch=record.name,
                      hint=f"the run goes on; traind launch logs {record.name} -f to follow again")

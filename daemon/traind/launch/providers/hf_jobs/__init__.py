@@ -1,0 +1,1 @@
+"""Hugging Face Jobs: huggingface_hub's Jobs API (client.py) behind the JobBackend adapter."""
