@@ -9,23 +9,29 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+import structlog
 
 from traind.checkpoints.commit.streamer import Streamer
 from traind.checkpoints.multinode.resume import JointResume
 from traind.checkpoints.restore.download import newest
 from traind.checkpoints.retention import policy as retention
 from traind.checkpoints.state.space import Pinned
-from traind.config import RetentionConfig
+from traind.config import RetentionConfig, StatusConfig
 from traind.layout.manifest import Manifest
-from traind.status import model
+from traind.status import locate, model
 from traind.status.metrics import Metrics
 from traind.status.render import one_line
+from traind.status.server import StatusServer
 from traind.status.timeline import Timeline
 from traind.supervisor.process import State
 from traind.supervisor.runner import ChildStatus
 from traind.supervisor.supervisor import Supervisor
 from traind.util.systemd import Notifier
+
+log = structlog.get_logger("traind.app")
 
 
 class Observer:
@@ -63,6 +69,7 @@ class Observer:
         self._committed: dict[str, model.CommittedInfo] = {}
         self._dropped: dict[str, model.DroppedInfo] = {}
         self._restarts: dict[str, int] = {}
+        self._server: StatusServer | None = None
         self.metrics.set_queue_depth(lambda: streamer.queued)
         self.metrics.set_parts_missing(
             lambda: sum(len(p.missing) for p in streamer.waiting_parts.values()))
@@ -70,6 +77,23 @@ class Observer:
                                self.timeline.save_interval, self.timeline.newest_unsafe_seconds)
         streamer.on_sent = self._sent
         self.recent.listeners.append(self._logged)
+
+    async def serve(self, status: StatusConfig | None, state_dir: Path) -> None:
+        """(Re)start the status server for ``status``, or stop it when None or disabled;
+        its address is published in ``state_dir`` for ``traind status``."""
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+            locate.withdraw(state_dir)
+        if status is not None and status.enabled:
+            server = StatusServer(status.listen, self.snapshot, self.metrics)
+            await server.start()
+            self._server = server
+            try:  # how `traind status` finds this daemon when the config file is broken
+                locate.publish(state_dir, str(server.address))
+            except OSError as exc:
+                log.warning("status_address_unpublished", state_dir=str(state_dir),
+                            error=str(exc))
 
     def snapshot(self) -> model.StatusSnapshot:
         """The whole ``/status`` document, now."""

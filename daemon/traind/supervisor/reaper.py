@@ -8,10 +8,15 @@ here, which keeps a child's exit status for the code that spawned it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
+import structlog
+
 from traind.supervisor.procfs import read_proc
+
+log = structlog.get_logger("traind.supervisor")
 
 REAP_INTERVAL = 1.0
 """Seconds between sweeps: how long an adopted zombie may last."""
@@ -51,3 +56,13 @@ class Reaper:
                 reaped[pid] = os.waitstatus_to_exitcode(status)
         self._zombies = now - reaped.keys()
         return reaped
+
+
+async def reap_forever() -> None:
+    """Wait for the orphans this process adopted, as PID 1 or subreaper, once they exit:
+    nothing else would, and each would stay a zombie."""
+    reaper = Reaper()
+    while True:
+        await asyncio.sleep(REAP_INTERVAL)
+        for pid, code in (await asyncio.to_thread(reaper.sweep)).items():
+            log.info("orphan_reaped", pid=pid, returncode=code)

@@ -1,5 +1,6 @@
 """Concurrency for backends: a TaskGroup whose failure is one error, not an ExceptionGroup,
-slots that bound how many of its tasks run at once, and ``fan_out`` made of the two.
+slots that bound how many of its tasks run at once, ``fan_out`` made of the two, and
+``each_time`` for a loop driven by an event.
 
 The streamer and the CLI expect a StorageError (or the cancellation) itself. When several
 tasks fail at once, a permanent error wins over a transient one, so the caller does not
@@ -74,3 +75,12 @@ async def fan_out(items: Iterable[X], limit: int, fn: Callable[[X], Awaitable[T]
     async with task_group() as tg:
         tasks = [tg.create_task(slots.run(functools.partial(fn, item))) for item in items]
     return [t.result() for t in tasks]
+
+
+async def each_time(event: asyncio.Event, action: Callable[[], Awaitable[None]]) -> None:
+    """Run ``action`` each time ``event`` is set (cleared first, so a set during the action
+    runs it once more), until cancelled."""
+    while True:
+        await event.wait()
+        event.clear()
+        await action()

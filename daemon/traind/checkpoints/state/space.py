@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -196,6 +196,20 @@ class SpaceGuard:
             self._set_full(room < max(self.checkpoint_bytes, 1))
             return dropped
 
+    async def check_safely(self) -> None:
+        """One free-space check; a failed one must never stop the daemon or a snapshot."""
+        await _logged(self.check())
+
+    async def committed_safely(self, step: int) -> None:
+        """``committed``, its failure logged: it must never stop the streamer."""
+        await _logged(self.committed(step))
+
+    async def watch(self, interval: Callable[[], float]) -> None:
+        """Check every ``interval()`` seconds too: the trainer writes between snapshots."""
+        while True:
+            await asyncio.sleep(interval())
+            await self.check_safely()
+
     def _set_full(self, full: bool) -> None:
         if full != self.full:
             self._streamer.newest_only(full)
@@ -251,6 +265,14 @@ class SpaceGuard:
         for tag in going - held:
             freed += (await asyncio.to_thread(measure, self._dir / tag))[1]
         return [replace(p, rotating=p.source_exists and p.tag in going) for p in found], freed
+
+
+async def _logged(check: Awaitable[object]) -> None:
+    """Await a space check; a failure is an error line, never the caller's failure."""
+    try:
+        await check
+    except (OSError, TraindError) as exc:
+        log.error("space_check_failed", error=str(exc))
 
 
 def open_journal(state_dir: Path, run: RunIdentity) -> tuple[Journal, list[Pinned]]:
