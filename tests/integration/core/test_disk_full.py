@@ -175,7 +175,7 @@ async def test_store_back_on_a_full_disk_commits_the_newest_and_drops_the_rest(
         async def committed(manifest: Manifest) -> None:
             await guard.committed(manifest.step)
 
-        streamer._on_commit = committed
+        streamer.committer.on_commit = committed
         running = asyncio.create_task(streamer.run())
         try:
             with capture_logs() as logs:

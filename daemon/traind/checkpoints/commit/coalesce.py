@@ -9,7 +9,9 @@ it is pinned: a multiple of ``keep_every_steps``, which retention would keep any
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
+
+from traind.checkpoints.intake.watcher import parse_step
 
 
 def pinned(step: int, keep_every_steps: int) -> bool:
@@ -25,3 +27,13 @@ def superseded_by(step: int, waiting: Collection[int], keep_every_steps: int) ->
     if newer is None or pinned(step, keep_every_steps):
         return None
     return newer
+
+
+def newer_tag(tag: str, waiting: Iterable[str], keep_every_steps: int) -> str | None:
+    """``superseded_by`` for tags: the waiting tag that makes ``tag`` not worth a commit."""
+    steps = {parse_step(t): t for t in waiting if t != tag}
+    step = parse_step(tag)
+    if step is None:
+        return None
+    newer = superseded_by(step, [s for s in steps if s is not None], keep_every_steps)
+    return None if newer is None else steps[newer]

@@ -1,10 +1,10 @@
 """The streamer: checkpoints from snapshot to committed, one at a time.
 
 ``stage`` and ``complete`` are the watcher's callbacks (the snapshot is ``Stager``'s);
-``run`` drains the ``CommitQueue``. Each attempt claims the tag (``ClaimKeeper``, or this
-node's part with ``PartCommitter`` in a multi-node job), sends what the journal has not
-recorded stored, and commits; what it ended in decides what follows, as written once in
-``lifecycle`` (retried with backoff, waited on, let go, or given up for good). Upload
+``run`` drains the ``CommitQueue``. Each attempt is ``Committer.commit`` (claim, send what
+is not stored, commit); what it ended in decides what follows, as written once in
+``lifecycle`` (retried with backoff as ``Attempts`` counts, waited on, let go, or given up
+for good). Upload
 failures never drop a checkpoint, and the journal keeps every finished file, so nothing is
 sent twice.
 """
@@ -13,38 +13,31 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
 
-from traind.checkpoints.commit import writer
-from traind.checkpoints.commit.claims import ClaimKeeper
-from traind.checkpoints.commit.coalesce import superseded_by
+from traind.checkpoints.commit.attempts import Attempts
+from traind.checkpoints.commit.coalesce import newer_tag
+from traind.checkpoints.commit.committer import Committer
 from traind.checkpoints.commit.lifecycle import DroppedError, Step, step_after
-from traind.checkpoints.commit.other_writer import OtherWriters
 from traind.checkpoints.commit.queue import CommitQueue
 from traind.checkpoints.intake import snapshot
 from traind.checkpoints.intake.stager import OnStaged, Stager
 from traind.checkpoints.intake.watcher import StageResult, parse_step
-from traind.checkpoints.multinode.parts import PartCommitter, WaitingParts
+from traind.checkpoints.multinode.parts import WaitingParts
 from traind.checkpoints.state.identity import ack_dir, staging_dir
-from traind.checkpoints.state.journal import Journal, JournalSession, StoredFile
-from traind.errors import MissingFilesError, StorageError, TraindError
-from traind.layout.manifest import FileEntry, Manifest, Writer, read_trainer_facts
+from traind.checkpoints.state.journal import Journal
+from traind.errors import MissingFilesError, TraindError
+from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import PartsDisagreeError
 from traind.protocol import CheckpointStore
-from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
-from traind.storage import LocalFile
+from traind.protocol.ownership import ClaimHeldError, Lease
 from traind.util.nodes import NodeRank
-from traind.util.progress import Progress, shown
-from traind.util.retry import Backoff
+from traind.util.progress import Progress
 
 log = structlog.get_logger("traind.streamer")
-RETRY_JITTER = 0.5
-"""A failed upload is tried again after a pause drawn from the upper half of its backoff:
-two writers that failed together (a contended claim) do not try again together."""
 DROP_WAIT = 0.05
 """Seconds a drop waits for the cancelled upload of the checkpoint in flight: the store's
 own cleanup (retried against a store that is down) must not hold the room back from a
@@ -58,45 +51,26 @@ class Streamer:
     """Owns the staging area of the journal's run and the queue of checkpoints waiting to
     be committed."""
 
-    def __init__(
-        self,
-        run: str,
-        state_dir: Path,
-        storage: CheckpointStore,
-        journal: Journal,
-        on_commit: OnCommit | None = None,
-        retry_initial: float = 1.0,
-        retry_max: float = 300.0,
-        claim_ttl: float = 600.0,
-        node: NodeRank | None = None,
-        coalesce_every: int | None = None,
-        on_staged: OnStaged | None = None,
-    ) -> None:
-        self._run = run
+    def __init__(self, run: str, state_dir: Path, storage: CheckpointStore, journal: Journal,
+                 on_commit: OnCommit | None = None, retry_initial: float = 1.0,
+                 retry_max: float = 300.0, claim_ttl: float = 600.0,
+                 node: NodeRank | None = None, coalesce_every: int | None = None,
+                 on_staged: OnStaged | None = None) -> None:
         self._coalesce_every = coalesce_every
         """None: every checkpoint is committed; else, on a store that limits commits, an
         older waiting checkpoint is skipped for a newer one unless a multiple of this
         (``keep_every_steps``, 0: none pinned)."""
-        self._state_dir = state_dir
-        self._writer: Writer | None = None
         self.staging = staging_dir(state_dir, journal.run)
         self.acks = ack_dir(state_dir, journal.run)
-        self.storage = storage
         self._journal = journal
-        self._on_commit = on_commit
         self._queue = CommitQueue()
         self._stager = Stager(self.staging, self.acks, journal,
                               node is not None and node.nodes > 1, on_staged)
-        self._keeper = ClaimKeeper(lambda: self.storage, claim_ttl)
-        self._theirs = OtherWriters(lambda: self.storage, journal, self.staging)
-        self._parts = (PartCommitter(node, lambda: self.storage, journal, self.staging)
-                       if node is not None and node.nodes > 1 else None)
-        """This host's parts in a multi-node job; None on one node."""
-        self._failures: dict[str, int] = {}
-        self._retry = Backoff(retry_initial, retry_max, jitter=RETRY_JITTER)
-        self.current: tuple[str, Progress] | None = None
-        self.on_sent: Callable[[int], None] | None = None
-        """Told the bytes of every chunk an upload reports sent (from worker threads too)."""
+        self.committer = Committer(run, state_dir, self.staging, storage, journal, on_commit,
+                                   claim_ttl, node)
+        self._keeper = self.committer.keeper
+        self._parts = self.committer.parts
+        self._attempts = Attempts(retry_initial, retry_max)
         self.on_rewritten: OnRewritten | None = None
         """Told the tag of a checkpoint written again after it was complete (the watcher
         looks at it anew)."""
@@ -104,12 +78,30 @@ class Streamer:
         """The tag the upload loop is committing now."""
         self._committing: asyncio.Task[Manifest] | None = None
         """The commit of ``in_flight``, while it runs."""
-        self._commit_lock = asyncio.Lock()
         self._newest_only = False
         """The disk is full: only the newest pending checkpoint is committed (the others
         wait parked, and are let go once it is committed while the disk is full)."""
 
     # -- what the daemon, the status page and the CLI read ------------------------------
+
+    @property
+    def storage(self) -> CheckpointStore:
+        """The store checkpoints go to now (reload may replace it)."""
+        return self.committer.storage
+
+    @property
+    def current(self) -> tuple[str, Progress] | None:
+        """The checkpoint being sent and its progress."""
+        return self.committer.current
+
+    @property
+    def on_sent(self) -> Callable[[int], None] | None:
+        """Told the bytes of every chunk an upload reports sent (from worker threads too)."""
+        return self.committer.on_sent
+
+    @on_sent.setter
+    def on_sent(self, told: Callable[[int], None] | None) -> None:
+        self.committer.on_sent = told
 
     @property
     def queued(self) -> int:
@@ -204,7 +196,7 @@ class Streamer:
                 except Exception as exc:
                     failure = exc
                 finally:
-                    self.current = self.in_flight = None
+                    self.committer.current = self.in_flight = None
                 if (step := step_after(failure)) is None:
                     assert failure is not None
                     raise failure
@@ -228,14 +220,18 @@ class Streamer:
                     self._queue.parked.add(tag)  # waits for the disk to have room
             case Step.REWRITTEN:
                 assert isinstance(exc, snapshot.RewrittenError)
-                await self._rewritten(exc)
+                self._attempts.forget(exc.tag)
+                await self._stager.rewritten(exc)
+                if self.on_rewritten is not None:
+                    self.on_rewritten(exc.tag)
                 self._queue.done(tag)  # the watcher has it again
             case Step.CLAIM_HELD:
                 assert isinstance(exc, ClaimHeldError)
-                return self._keeper.wait(exc.lease, self._retry, self._failed(tag) - 1)
+                return self._keeper.wait(exc.lease, self._attempts.backoff,
+                                        self._attempts.failed(tag) - 1)
             case Step.PARTS_PENDING:
                 assert self._parts is not None
-                self._failures.pop(tag, None)
+                self._attempts.forget(tag)
                 return self._parts.wait(tag)
             case Step.PARTS_GONE:
                 assert self._parts is not None
@@ -249,37 +245,30 @@ class Streamer:
             case Step.FILES_MISSING:
                 assert isinstance(exc, MissingFilesError)
                 await self._journal.files_lost(tag, exc.paths)
-                return self._files_missing(tag, exc)  # sent again
+                return self._attempts.files_missing(tag, exc)  # sent again
             case Step.FAILED:
                 assert exc is not None
-                return self._retry_later(tag, exc)
+                return self._attempts.retry_later(tag, exc)
         return None
 
     def _forget(self, tag: str) -> None:
         """``tag`` is pending no more: committed, let go, or given up for good."""
-        self._failures.pop(tag, None)
+        self._attempts.forget(tag)
         self._keeper.held.pop(tag, None)
         if self._parts is not None:
             self._parts.forget(tag)
         self._queue.done(tag)
-
-    def _failed(self, tag: str) -> int:
-        """Count one more failed attempt of ``tag``; return how many there were."""
-        n = self._failures[tag] = self._failures.get(tag, 0) + 1
-        return n
 
     async def _coalesced(self, tag: str) -> bool:
         """Skip ``tag`` when a newer checkpoint waits and ``tag`` is not pinned (a store
         that limits commits; one node only): dropped, and logged."""
         if self._coalesce_every is None or self._parts is not None:
             return False
-        steps = {parse_step(t): t for t in self._queue.pending if t != tag}
-        step = parse_step(tag)
-        if step is None or (newer := superseded_by(
-                step, [s for s in steps if s is not None], self._coalesce_every)) is None:
+        newer = newer_tag(tag, self._queue.pending, self._coalesce_every)
+        if newer is None:
             return False
         await self.drop(tag)
-        log.info("checkpoint_coalesced", tag=tag, step=step, newer=steps[newer],
+        log.info("checkpoint_coalesced", tag=tag, step=parse_step(tag), newer=newer,
                  reason="a newer checkpoint waits and the store limits commits")
         return True
 
@@ -320,26 +309,6 @@ class Streamer:
         for a preemption is the one that matters."""
         self._queue.prefer_newest()
 
-    def _retry_later(self, tag: str, exc: BaseException) -> float:
-        """Seconds until ``tag``, whose upload failed, is tried again (with backoff)."""
-        n = self._failed(tag)
-        delay = self._retry.delay(n - 1)
-        log.error("checkpoint_upload_failed", tag=tag, attempt=n, retry_in=delay, error=str(exc),
-                  hint="retried with backoff; the snapshot waits in state_dir/staging until "
-                       "the store takes it")
-        return delay
-
-    def _files_missing(self, tag: str, exc: MissingFilesError) -> float:
-        """Seconds until the files of ``tag`` the store lacks are sent again: at once the
-        first time (a daemon restarted mid-upload on a store that had only staged them, the
-        Hub), with backoff if they go missing again."""
-        if tag in self._failures:
-            return self._retry_later(tag, exc)
-        self._failures[tag] = 1
-        log.warning("checkpoint_files_missing", tag=tag, files=len(exc.paths),
-                    paths=exc.paths[:5], hint="sent again now; the manifest waits for them")
-        return 0.0
-
     async def release(self, tags: list[str]) -> None:
         """Mark this writer's claims on ``tags`` stale (a shutdown leaving them unstored), so
         the next host takes them over at once; best effort, a failure is logged. A node's
@@ -365,155 +334,15 @@ class Streamer:
         await asyncio.to_thread(shutil.rmtree, self.staging / tag, True)
         await self._journal.set_state(tag, "dropped")
 
-    async def _rewritten(self, exc: snapshot.RewrittenError) -> None:
-        """Drop a snapshot the trainer wrote over; the checkpoint is snapshot again once it
-        is complete again (the journal's ``staged`` state survives a restart too)."""
-        self._failures.pop(exc.tag, None)
-        log.error(
-            "checkpoint_rewritten", tag=exc.tag, paths=exc.paths,
-            hint="the trainer saved this checkpoint again after it was complete; it is "
-                 "snapshot and stored anew once complete, if it is still in output_dir",
-        )
-        await self._journal.set_state(exc.tag, "staged")
-        await asyncio.to_thread(shutil.rmtree, self.staging / exc.tag, True)
-        if self.on_rewritten is not None:
-            self.on_rewritten(exc.tag)
-
     async def writer(self) -> Writer:
         """Who this daemon writes as (state_dir's ``writer-id`` and this host)."""
-        if self._writer is None:
-            self._writer = await asyncio.to_thread(writer.load_or_create, self._state_dir)
-        return self._writer
+        return await self.committer.writer()
 
     async def replace_storage(self, new: CheckpointStore) -> CheckpointStore:
-        """Send everything from now on to ``new``; return the old backend.
-
-        An upload in flight finishes on the old backend first (this waits for it); a
-        checkpoint half-sent to the old backend starts over on the new one (the journal
-        notices the backend changed), so nothing is lost and nothing is committed twice.
-        """
-        async with self._commit_lock:
-            old, self.storage = self.storage, new
-        return old
+        """Send everything from now on to ``new``; return the old backend (see
+        ``Committer.replace_storage``)."""
+        return await self.committer.replace_storage(new)
 
     async def commit(self, tag: str, progress: Progress | None = None) -> Manifest:
-        """Claim ``tag`` in the store, upload what is not stored yet, then write its
-        manifest; raise ConflictError (journalled, logged) when it is another writer's."""
-        async with self._commit_lock:
-            replaced = False
-            while True:
-                try:
-                    return await self._commit(tag, progress)
-                except ClaimHeldError:
-                    raise  # not a conflict yet: the other writer's upload may never commit
-                except ConflictError as exc:
-                    theirs = exc.committed
-                    if theirs is not None and await self._theirs.same(tag, theirs):
-                        return await self._theirs.already_stored(tag, theirs)
-                    if theirs is not None and not replaced and await self._theirs.corrupt(theirs):
-                        await self._theirs.replace(theirs)
-                        replaced = True
-                        continue
-                    await self._theirs.conflict(exc)
-                    raise
-
-    async def _commit(self, tag: str, progress: Progress | None) -> Manifest:
-        """One attempt: claim ``tag`` (this node's part of it in a multi-node job), send
-        what is not stored, commit (the union, once every node's part is in)."""
-        entry = await self._journal.get(tag)
-        if entry is None:
-            raise StorageError(f"checkpoint {tag} is not in the journal")
-        started = time.monotonic()
-        ours = await self.writer()
-        if self._parts is not None:
-            if (found := await self._parts.committed_since(tag)) is not None:
-                return await self._finish(tag, entry.step, found, Progress(0), started)
-            await self._parts.claim(tag, ours)
-            manifest, progress = await self._upload(tag, entry.step, ours, progress, False)
-            manifest = await self._parts.commit(manifest, ours)
-            return await self._finish(tag, entry.step, manifest, progress, started)
-        taken = await self._keeper.claim(tag, ours)  # before any byte: never over another's
-        async with self._keeper.leased(tag, ours):
-            manifest, progress = await self._upload(tag, entry.step, ours, progress, taken)
-            await self._keeper.renew(tag, ours)  # still ours: else ConflictError, it lost
-            await self.storage.commit(manifest)
-        return await self._finish(tag, entry.step, manifest, progress, started)
-
-    async def _finish(self, tag: str, step: int, manifest: Manifest, progress: Progress,
-                      started: float) -> Manifest:
-        """``tag`` is committed as ``manifest``: journal it, let its snapshot go, say so."""
-        root = self.staging / tag
-        if self._parts is not None:
-            self._parts.forget(tag)
-        await self._journal.set_state(tag, "committed")
-        await asyncio.to_thread(shutil.rmtree, root, True)
-        seconds = time.monotonic() - started
-        log.info(
-            "checkpoint_committed", tag=tag, step=step, files=len(manifest.files),
-            bytes=manifest.total_bytes, sent_bytes=progress.done, seconds=round(seconds, 3),
-            mb_per_s=round(progress.done / 1e6 / max(seconds, 1e-9), 1),
-            backend=self.storage.describe,
-        )
-        if self._on_commit is not None:
-            await self._on_commit(manifest)
-        return manifest
-
-    async def _upload(self, tag: str, step: int, ours: Writer, progress: Progress | None,
-                      fresh: bool) -> tuple[Manifest, Progress]:
-        """Send what of ``tag`` is not stored yet (all of it when ``fresh``), as this node's
-        part in a multi-node job; return its manifest, files and progress."""
-        root = self.staging / tag
-        await self._journal.begin_upload(tag, self.storage.describe, fresh)
-        stored = await self._journal.files(tag)
-        await _unchanged(tag, root, stored)
-        pending = [LocalFile(f.path, f.size) for f in stored if f.sha256 is None]
-        shown_by_caller = progress is not None
-        progress = progress or Progress(sum(f.size for f in pending))
-        self.current = (tag, progress)
-        if pending:
-            parts = self._parts is not None
-            guard = None if parts else self._keeper.still_ours(tag, ours)  # parts: no lease
-            session = JournalSession(self._journal, tag, _fan_out(progress.advance, self.on_sent),
-                                     guard)
-            send = self.storage.upload_part if parts else self.storage.upload
-            upload = send(tag, root, pending, session)
-            if shown_by_caller:
-                await upload
-            else:
-                async with shown(progress, tag, bar=False, log_every=10.0):
-                    await upload
-        stored = await self._journal.files(tag)
-        missing = [f.path for f in stored if f.sha256 is None]
-        if missing:
-            raise StorageError(f"{tag}: backend did not store {', '.join(missing)}")
-        await _unchanged(tag, root, stored)  # nothing was written over while it was read
-        manifest = Manifest(
-            run=self._run,
-            tag=tag,
-            step=step,
-            files=tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored),
-            trainer=await asyncio.to_thread(read_trainer_facts, root),
-            writer=ours,
-        )
-        return manifest, progress
-
-
-async def _unchanged(tag: str, root: Path, stored: list[StoredFile]) -> None:
-    """Raise RewrittenError when files of the snapshot in ``root`` changed since taken."""
-    changed = await asyncio.to_thread(snapshot.rewritten, root, stored)
-    if changed:
-        raise snapshot.RewrittenError(tag, changed)
-
-
-def _fan_out(
-    advance: Callable[[int], None], also: Callable[[int], None] | None
-) -> Callable[[int], None]:
-    """``advance``, and ``also`` when there is one."""
-    if also is None:
-        return advance
-
-    def both(nbytes: int) -> None:
-        advance(nbytes)
-        also(nbytes)
-
-    return both
+        """Commit ``tag`` now (``Committer.commit``)."""
+        return await self.committer.commit(tag, progress)

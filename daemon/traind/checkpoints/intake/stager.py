@@ -4,6 +4,7 @@ takes reported, and the trainer's callback told it may rotate the directory away
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -79,6 +80,17 @@ class Stager:
                         reason="only regular files, and symlinks to them inside the "
                                "checkpoint, are stored")
         return StageResult.STAGED
+
+    async def rewritten(self, exc: snapshot.RewrittenError) -> None:
+        """Let go of a snapshot the trainer wrote over; the checkpoint is snapshot again
+        once it is complete again (the journal's ``staged`` state survives a restart too)."""
+        log.error(
+            "checkpoint_rewritten", tag=exc.tag, paths=exc.paths,
+            hint="the trainer saved this checkpoint again after it was complete; it is "
+                 "snapshot and stored anew once complete, if it is still in output_dir",
+        )
+        await self._journal.set_state(exc.tag, "staged")
+        await asyncio.to_thread(shutil.rmtree, self._staging / exc.tag, True)
 
 
 def _ack(acks: Path, tag: str) -> None:
