@@ -1,5 +1,5 @@
 """The Hugging Face Hub store: objects as files of a model or dataset repo, under
-``<path_in_repo>/<run>/``, through ``huggingface_hub`` (blocking, so called in threads).
+``<path_in_repo>/<run>/``, through ``huggingface_hub`` (``HubRepo``: in threads).
 
 Every change is one Hub commit. A create-only or replace-if-version put reads the branch's
 head commit, looks at the file there, and commits with ``parent_commit`` set to that head:
@@ -9,26 +9,20 @@ one commit lands first, and the other sees it. ``send`` only pre-uploads a check
 (the LFS bytes; ``staged``): ``publish`` asks the LFS batch API that those bytes are there and
 adds the files with the manifest in one commit made the same way, so a checkpoint is one
 commit. A delete removes its keys in one commit (pruning a checkpoint: ``atomic_delete``).
-A 429 is waited out for the ``RateLimit`` reset the Hub names, then the call is made again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import hashlib
-import random
 import socket
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
 
 import structlog
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, hf_hub_url
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.lfs import post_lfs_batch_info
-from huggingface_hub.utils._headers import build_hf_headers
-from huggingface_hub.utils._http import get_session, hf_raise_for_status
 from huggingface_hub.utils._runtime import is_xet_available
 
 from traind.config import HFStorage
@@ -44,14 +38,13 @@ from traind.storage.base import (
     ObjectMeta,
     PutMode,
     UploadSession,
-    counted,
 )
-from traind.storage.hf.errors import MISSING, reset_in, translate
+from traind.storage.hf.errors import MISSING
+from traind.storage.hf.repo import HubRepo
 from traind.storage.memory import version_of
 from traind.util.tasks import fan_out
 
 log = structlog.get_logger("traind.hf")
-T = TypeVar("T")
 CAPABILITIES = Capabilities(
     create=True, update=True, atomic_delete=True, staged=True,
     claim="one Hub commit per checkpoint (files and manifest), made with parent_commit: the "
@@ -59,11 +52,6 @@ CAPABILITIES = Capabilities(
 ATTEMPTS = 12
 """Reads-and-commits a conditional put tries before giving up (each 412 is another writer's
 commit landing first)."""
-RATE_LIMIT_WAITS = 6
-"""How many 429s in a row one call waits out before the error reaches the caller."""
-MAX_WAIT = 900.0
-CHUNK = 1024 * 1024
-PATHS_BATCH = 500
 
 
 class HFStore:
@@ -73,11 +61,8 @@ class HFStore:
         self._config = config
         self._run = run
         self._root = "".join(f"{p}/" for p in (config.path_in_repo, run) if p)
-        self._token = config.token.get_secret_value() if config.token else None
-        self._api = HfApi(endpoint=config.endpoint, token=self._token)
+        self._hub = HubRepo(config, self.where)
         self._host = socket.gethostname()
-        self._created = False
-        self._creating = asyncio.Lock()
         self._staged: dict[str, CommitOperationAdd] = {}
         """Files pre-uploaded by ``send`` and not committed yet, by path in the repo."""
 
@@ -92,129 +77,20 @@ class HFStore:
     async def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
-    # -- the library's calls, in threads, errors translated ------------------------------
-
-    async def _call(self, op: str, key: str | None, fn: Callable[..., T], *args: Any,
-                    **kwargs: Any) -> T:
-        """``fn`` in a thread, its errors translated; a 429 is waited out for the Hub's
-        ``RateLimit`` reset (logged), a missing repo created once when the config asks."""
-        made: set[str] = set()
-        waits = 0
-        while True:
-            try:
-                return await asyncio.to_thread(fn, *args, **kwargs)
-            except StorageError:
-                raise
-            except Exception as exc:
-                error = translate(exc, self.where(key or ""), op, key)
-                wait = reset_in(exc) if error.status == 429 else None
-                if wait is not None and waits < RATE_LIMIT_WAITS:
-                    waits += 1
-                    delay = min(MAX_WAIT, wait) + random.uniform(0.0, 1.0)
-                    log.warning("hf_rate_limited", repo=self._config.repo_id, op=op, key=key,
-                                attempt=waits, retry_in=round(delay, 1))
-                    await asyncio.sleep(delay)
-                    continue
-                missing = error.code if error.code in ("RepoNotFound", "RevisionNotFound") else ""
-                if not missing or not self._config.create_repo or missing in made:
-                    raise error from exc
-            made.add(missing)  # created on first use, then the call again
-            await (self._ensure_repo() if missing == "RepoNotFound" else self._ensure_branch())
-
-    def _repo(self) -> dict[str, Any]:
-        return {"repo_id": self._config.repo_id, "repo_type": self._config.repo_type}
-
-    async def _head(self) -> str:
-        info = await self._call("repo_info", None, self._api.repo_info, **self._repo(),
-                                revision=self._config.revision)
-        assert info.sha is not None
-        return info.sha
-
-    async def _commit(self, ops: list[Any], message: str, key: str | None,
-                      parent: str | None = None) -> None:
-        """One commit of ``ops`` (on ``parent`` when given: refused with 412 if the branch
-        moved since)."""
-        await self._call("create_commit", key, self._api.create_commit, **self._repo(),
-                         operations=ops, commit_message=message,
-                         revision=self._config.revision, parent_commit=parent)
-
-    async def _ensure_repo(self) -> None:
-        async with self._creating:
-            if self._created:
-                return
-            await self._call("create_repo", None, self._api.create_repo, **self._repo(),
-                             private=self._config.private, exist_ok=True)
-            self._created = True
-        log.info("hf_repo_created", repo=self._config.repo_id,
-                 repo_type=self._config.repo_type, private=self._config.private)
-
-    async def _ensure_branch(self) -> None:
-        await self._call("create_branch", None, self._api.create_branch, **self._repo(),
-                         branch=self._config.revision, exist_ok=True)
-        log.info("hf_branch_created", repo=self._config.repo_id,
-                 branch=self._config.revision)
-
-    def _message(self, action: str, key: str) -> str:
-        return f"traind {self._run}: {action} {key} (host {self._host})"
-
-    def _download(self, path: str, revision: str, start: int | None = None,
-                  end: int | None = None) -> bytes | None:
-        url = hf_hub_url(self._config.repo_id, path, repo_type=self._config.repo_type,
-                         revision=revision, endpoint=self._config.endpoint)
-        headers = build_hf_headers(token=self._token)
-        if start is not None and end is not None:
-            headers["Range"] = f"bytes={start}-{end - 1}"
-        response = get_session().get(url, headers=headers, follow_redirects=True)
-        if _no_file(response):
-            return None
-        if response.status_code == 416:
-            return b""
-        hf_raise_for_status(response)
-        return bytes(response.content)
-
-    def _stream(self, path: str, revision: str, target: Path, advance: Advance) -> str | None:
-        """Write the file at ``path`` to ``target`` as it arrives; its sha256, None when
-        the Hub has no such file."""
-        url = hf_hub_url(self._config.repo_id, path, repo_type=self._config.repo_type,
-                         revision=revision, endpoint=self._config.endpoint)
-        digest = hashlib.sha256()
-        with counted(advance) as tally, get_session().stream(
-                "GET", url, headers=build_hf_headers(token=self._token),
-                follow_redirects=True) as response:
-            if _no_file(response):
-                return None
-            hf_raise_for_status(response)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with target.open("wb") as out:
-                for chunk in response.iter_bytes(CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    tally(len(chunk))
-        return digest.hexdigest()
-
-    async def _paths(self, paths: Sequence[str], revision: str) -> dict[str, RepoFile]:
-        found: dict[str, RepoFile] = {}
-        for i in range(0, len(paths), PATHS_BATCH):
-            infos = await self._call("get_paths_info", None, self._api.get_paths_info,
-                                     **self._repo(), paths=list(paths[i:i + PATHS_BATCH]),
-                                     revision=revision)
-            found |= {f.path: f for f in infos if isinstance(f, RepoFile)}
-        return found
-
     # -- the primitives -----------------------------------------------------------------
 
     async def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> bool:
         path = self._root + check_key(key)
         if mode.kind == "overwrite":
-            await self._commit([CommitOperationAdd(path, bytes(data))],
-                               self._message("put", key), key)
+            await self._hub.commit([CommitOperationAdd(path, bytes(data))],
+                                   self._message("put", key), key)
             return True
         for _ in range(ATTEMPTS):
-            head = await self._head()
+            head = await self._hub.head()
             if not await self._allows(key, mode, head):
                 return False
-            if await self._commit_on([CommitOperationAdd(path, bytes(data))],
-                                     self._message(mode.kind, key), key, head):
+            if await self._hub.commit_on([CommitOperationAdd(path, bytes(data))],
+                                         self._message(mode.kind, key), key, head):
                 return True
         raise self._moving(key, "put")
 
@@ -222,39 +98,30 @@ class HFStore:
         """Whether ``mode`` lets a put of ``key`` through at commit ``head``."""
         path = self._root + key
         if mode.kind == "create":
-            return path not in await self._paths([path], head)
+            return path not in await self._hub.paths([path], head)
         if mode.kind == "update":
-            found = await self._call("download", key, self._download, path, head)
+            found = await self._hub.call("download", key, self._hub.download, path, head)
             return found is not None and version_of(found) == mode.version
         return True
 
-    async def _commit_on(self, ops: list[Any], message: str, key: str | None,
-                         head: str) -> bool:
-        """Commit ``ops`` on ``head``; False (after a short random pause) when another
-        commit landed first, for the caller to look again."""
-        try:
-            await self._commit(ops, message, key, parent=head)
-            return True
-        except StorageError as exc:
-            if exc.status != 412:
-                raise
-        await asyncio.sleep(random.uniform(0.0, 0.2))
-        return False
+    def _message(self, action: str, key: str) -> str:
+        return f"traind {self._run}: {action} {key} (host {self._host})"
 
     def _moving(self, key: str | None, op: str) -> TransientStorageError:
         return TransientStorageError(f"{self.where(key or '')}: the branch kept moving; "
                                      "retrying", code="412", status=412, key=key, op=op)
 
     async def get(self, key: str) -> Blob | None:
-        found = await self._call("download", key, self._download, self._root + check_key(key),
-                                 self._config.revision)
+        found = await self._hub.call("download", key, self._hub.download,
+                                     self._root + check_key(key), self._config.revision)
         return None if found is None else Blob(found, version_of(found))
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
             return b""
-        found = await self._call("download", key, self._download, self._root + check_key(key),
-                                 self._config.revision, start, end)
+        found = await self._hub.call("download", key, self._hub.download,
+                                     self._root + check_key(key), self._config.revision,
+                                     start, end)
         if found is None:
             raise StorageError(f"{self.where(key)}: no such file", code=MISSING, key=key,
                                op="download")
@@ -262,40 +129,28 @@ class HFStore:
 
     async def head(self, key: str) -> ObjectMeta | None:
         path = self._root + check_key(key)
-        found = (await self._paths([path], self._config.revision)).get(path)
+        found = (await self._hub.paths([path], self._config.revision)).get(path)
         return None if found is None else ObjectMeta(key, found.size)
-
-    async def _tree(self, folder: str, recursive: bool) -> builtins.list[RepoFile | RepoFolder]:
-        def walk() -> builtins.list[RepoFile | RepoFolder]:
-            return list(self._api.list_repo_tree(
-                **self._repo(), path_in_repo=folder.rstrip("/") or None, recursive=recursive,
-                revision=self._config.revision))
-        try:
-            return await self._call("list_repo_tree", folder, walk)
-        except StorageError as exc:
-            if exc.missing:
-                return []  # no such folder: nothing stored under it
-            raise
 
     async def list(self, prefix: str) -> builtins.list[ObjectMeta]:
         full = self._root + prefix
         folder = full.rsplit("/", 1)[0]
         return [ObjectMeta(e.path[len(self._root):], e.size,
                            sha256=e.lfs.sha256 if e.lfs is not None else None)
-                for e in await self._tree(folder, recursive=True)
+                for e in await self._hub.tree(folder, recursive=True)
                 if isinstance(e, RepoFile) and e.path.startswith(full)]
 
     async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         folder = self._root + prefix
-        return sorted(e.path.rsplit("/", 1)[-1] for e in await self._tree(folder, False)
+        return sorted(e.path.rsplit("/", 1)[-1] for e in await self._hub.tree(folder, False)
                       if isinstance(e, RepoFolder))
 
     async def delete(self, keys: Sequence[str]) -> None:
         paths = [self._root + check_key(k) for k in keys]
         for _ in range(ATTEMPTS):
-            head = await self._head()
-            there = sorted(set(await self._paths(paths, head)))
-            if not there or await self._commit_on(
+            head = await self._hub.head()
+            there = sorted(set(await self._hub.paths(paths, head)))
+            if not there or await self._hub.commit_on(
                     [CommitOperationDelete(p) for p in there],
                     self._message("delete", _summary(keys)), None, head):
                 return
@@ -308,8 +163,8 @@ class HFStore:
             return
         ops = await fan_out(files, self._config.concurrency, lambda f: asyncio.to_thread(
             CommitOperationAdd, self._root + prefix + check_relpath(f.path), str(root / f.path)))
-        await self._call("preupload_lfs_files", prefix, self._api.preupload_lfs_files,
-                         **self._repo(), additions=ops, revision=self._config.revision)
+        await self._hub.call("preupload_lfs_files", prefix, self._hub.api.preupload_lfs_files,
+                             **self._hub.repo(), additions=ops, revision=self._config.revision)
         # The LFS and Xet uploads hashed what they sent; the library reads the rest (files
         # small enough to travel in the commit) lazily, on first use: in threads, here.
         await fan_out([op for op in ops if not op.upload_info.is_hashed],
@@ -334,16 +189,16 @@ class HFStore:
         extra = [] if key is None else [CommitOperationAdd(self._root + key, bytes(data))]
         message = f"traind {self._run}: {note} (host {self._host})"
         for _ in range(ATTEMPTS):
-            head = await self._head()
+            head = await self._hub.head()
             if key is not None and not await self._allows(check_key(key), mode, head):
                 return False
             if unless is not None and await self.list(unless):
                 return False  # listed after the head was read: a later commit fails (412)
-            stored = await self._paths(paths, head)
+            stored = await self._hub.paths(paths, head)
             if missing := [f.path for f, p in zip(files, paths, strict=True) if p not in staged
                            and (p not in stored or stored[p].size != f.size)]:
                 raise MissingFilesError(prefix.rstrip("/"), missing, self.where(prefix))
-            if await self._commit_on([*ops, *extra], message, key, head):
+            if await self._hub.commit_on([*ops, *extra], message, key, head):
                 for op in ops:
                     self._staged.pop(op.path_in_repo, None)
                 return True
@@ -358,9 +213,9 @@ class HFStore:
         lfs = [op for op in ops if op._upload_mode == "lfs"]  # set by the pre-upload
         if not lfs or is_xet_available():  # the library's own choice of transport
             return
-        answer = await self._call(
+        answer = await self._hub.call(
             "lfs_batch", prefix, post_lfs_batch_info, upload_infos=[op.upload_info for op in lfs],
-            token=self._token, repo_type=self._config.repo_type, repo_id=self._config.repo_id,
+            token=self._hub.token, repo_type=self._config.repo_type, repo_id=self._config.repo_id,
             revision=self._config.revision, endpoint=self._config.endpoint)
         absent = {o["oid"] for o in [*answer[0], *answer[1]] if "actions" in o or "error" in o}
         if missing := [op for op in lfs if op.upload_info.sha256.hex() in absent]:
@@ -373,15 +228,15 @@ class HFStore:
     async def fetch(
         self, prefix: str, files: Sequence[LocalFile], dest: Path, advance: Advance
     ) -> dict[str, str]:
-        head = await self._head()  # every file from one commit
-        infos = await self._paths([self._root + prefix + f.path for f in files], head)
+        head = await self._hub.head()  # every file from one commit
+        infos = await self._hub.paths([self._root + prefix + f.path for f in files], head)
 
         async def one(f: LocalFile) -> str:
             path = self._root + prefix + f.path
             if path not in infos:
                 raise IntegrityError(f"{self.where(prefix + f.path)}: missing from the repo")
-            sha = await self._call("download", prefix + f.path, self._stream, path, head,
-                                   dest / check_relpath(f.path), advance)
+            sha = await self._hub.call("download", prefix + f.path, self._hub.stream, path, head,
+                                       dest / check_relpath(f.path), advance)
             recorded = infos[path].lfs
             if sha is None:
                 raise IntegrityError(f"{self.where(prefix + f.path)}: missing from the repo")
@@ -397,20 +252,14 @@ class HFStore:
         return 0  # LFS bytes not committed are the Hub's to collect
 
     async def probe(self) -> None:
-        await self._head()  # the repo is reachable, the token valid (created when asked)
+        await self._hub.head()  # the repo is reachable, the token valid (created when asked)
         probe = CommitOperationAdd(f"{self._root}.traind-probe", b"probe")
-        await self._call("preupload_lfs_files", None, self._api.preupload_lfs_files,
-                         **self._repo(), additions=[probe], revision=self._config.revision)
+        await self._hub.call("preupload_lfs_files", None, self._hub.api.preupload_lfs_files,
+                             **self._hub.repo(), additions=[probe], revision=self._config.revision)
         # the pre-upload asks for write access, and commits nothing
 
     async def aclose(self) -> None:
         return None
-
-
-def _no_file(response: Any) -> bool:
-    """Whether the Hub answered that the file (not the repo or revision) is not there."""
-    return bool(response.status_code == 404
-                and response.headers.get("X-Error-Code") == "EntryNotFound")
 
 
 def _summary(keys: Sequence[str]) -> str:
