@@ -15,6 +15,7 @@ from traind import __version__
 from traind.errors import ConfigError, JournalError, TraindError
 from traind.util import logs, redact
 from traind.util.configfile import DEFAULT_CONFIG, config_path, path_arg
+from traind.util.runtime import long_lived
 
 if TYPE_CHECKING:
     from structlog.typing import Processor
@@ -138,6 +139,20 @@ def build_parser(launching: bool = True) -> argparse.ArgumentParser:
         help="give up probing the store after this long (default 60; a store that accepts "
              "connections but never answers would otherwise take every retry's read_timeout)",
     )
+    _add_store_commands(add)
+    _add_status(add("status", "Show the running daemon: children, queue, upload, checkpoints, "
+                           "errors."))
+    if launching:
+        from traind.launch.commands.cli import add_launch_parser
+
+        add_launch_parser(sub)
+    else:
+        sub.add_parser("launch", help=LAUNCH_SUMMARY)
+    return parser
+
+
+def _add_store_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """The commands that work on the store: list, pull, verify, push, prune."""
     lst = add("list", "List the committed checkpoints in the store.")
     lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pull = add("pull", "Restore a committed checkpoint into DIR/<tag>, verified.")
@@ -157,7 +172,10 @@ def build_parser(launching: bool = True) -> argparse.ArgumentParser:
                       help="say what would be sent, and its size; upload nothing")
     prune = add("prune", "Apply the retention policy to the store and to output_dir now.")
     prune.add_argument("--dry-run", action="store_true", help="show what would go, and why")
-    status = add("status", "Show the running daemon: children, queue, upload, checkpoints, errors.")
+
+
+def _add_status(status: argparse.ArgumentParser) -> None:
+    """``traind status``'s options."""
     status.add_argument("--json", action="store_true", help="print the raw JSON document")
     reach = status.add_mutually_exclusive_group()
     reach.add_argument("--url", type=_status_url, metavar="URL",
@@ -172,13 +190,6 @@ def build_parser(launching: bool = True) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
-    if launching:
-        from traind.launch.commands.cli import add_launch_parser
-
-        add_launch_parser(sub)
-    else:
-        sub.add_parser("launch", help=LAUNCH_SUMMARY)
-    return parser
 
 
 def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -456,8 +467,11 @@ async def _pull(args: argparse.Namespace) -> int:
 
 
 async def _pullable(storage: CheckpointStore, run: str) -> list[Manifest]:
-    """The committed checkpoints, and those HF Trainer pushed itself to the same repo."""
-    return await storage.manifests() + await storage.foreign_manifests(run)
+    """The committed checkpoints, and those HF Trainer pushed itself to the same repo. The
+    store's client is made by then: ``long_lived`` keeps the GC from rescanning it."""
+    found = await storage.manifests() + await storage.foreign_manifests(run)
+    long_lived()
+    return found
 
 
 def _show_pull_plan(manifest: Manifest, parent: Path, backend: str) -> int:

@@ -40,6 +40,7 @@ from traind.supervisor.reaper import reap_forever
 from traind.supervisor.supervisor import Supervisor
 from traind.util import priority
 from traind.util.nodes import NodeRank
+from traind.util.runtime import long_lived
 from traind.util.tasks import each_time
 from traind.util.units import parse_floor
 
@@ -179,6 +180,7 @@ class Daemon:
         await self.space.check_safely()  # a disk that filled before a restart: room first
         manifests = await store_wait.first_manifests(self.storage, self.journal, s,
                                                      self.observer)
+        long_lived()  # the store's client is made
         if manifests is not None:
             manifests = await self._known(manifests)
         tracked, self._unreconciled = await recovery.recover(

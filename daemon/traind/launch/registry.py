@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-
 from traind.launch.base import HostBackend
 from traind.launch.config import LaunchConfig
 from traind.launch.handles import LaunchStore
 from traind.launch.jobs import JobBackend
+from traind.util.runtime import load
 
 BACKENDS = {
     "local": "traind.launch.providers.local.adapter:LocalBackend",
@@ -23,15 +22,9 @@ JOB_BACKENDS = {
 """Container-job platforms: the job is the run (launch/jobs.py)."""
 
 
-def _class(path: str) -> type:
-    module_name, _, class_name = path.partition(":")
-    cls: type = getattr(importlib.import_module(module_name), class_name)
-    return cls
-
-
 def open_backend(config: LaunchConfig, store: LaunchStore) -> HostBackend:
     """The adapter ``config.backend`` names, built from its section (no I/O)."""
-    cls = _class(BACKENDS[config.backend])
+    cls = load(BACKENDS, config.backend)
     if config.backend == "local":
         backend: HostBackend = cls(store)
     elif config.backend == "ssh":
@@ -45,5 +38,5 @@ def open_backend(config: LaunchConfig, store: LaunchStore) -> HostBackend:
 
 def open_job_backend(config: LaunchConfig) -> JobBackend:
     """The job platform ``config.backend`` names, built from its section (no I/O)."""
-    backend: JobBackend = _class(JOB_BACKENDS[config.backend])(config.hf_jobs)
+    backend: JobBackend = load(JOB_BACKENDS, config.backend)(config.hf_jobs)
     return backend

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
-
 from traind.config import AnyStorage
 from traind.storage.base import ObjectStore
+from traind.util.runtime import load
 
-_STORES = {
-    "local": ("traind.storage.local", "LocalStore"),
-    "s3": ("traind.storage.s3.store", "S3Store"),
-    "ssh": ("traind.storage.ssh.store", "SSHStore"),
-    "hf": ("traind.storage.hf.store", "HFStore"),
+STORES = {
+    "local": "traind.storage.local:LocalStore",
+    "s3": "traind.storage.s3.store:S3Store",
+    "ssh": "traind.storage.ssh.store:SSHStore",
+    "hf": "traind.storage.hf.store:HFStore",
 }
 
 
 def open_objects(config: AnyStorage, run: str) -> ObjectStore:
     """Return the store of ``config`` holding run ``run``; no I/O happens until it is used."""
-    module, name = _STORES[config.type]
-    cls = getattr(importlib.import_module(module), name)
-    store: ObjectStore = cls(config, run)
+    store: ObjectStore = load(STORES, config.type)(config, run)
     return store

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -35,7 +34,7 @@ from traind.checkpoints.state.journal import Journal
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.protocol import CheckpointStore
 from traind.util.child import uninterrupted
-from traind.util.fileio import fsync_dir
+from traind.util.fileio import write_atomic
 from traind.util.nodes import NodeRank
 from traind.util.poll import poll_until
 from traind.util.retry import Backoff, retrying
@@ -238,10 +237,4 @@ def _keep(ticket: Path | None, nonce: str, answered: bool) -> None:
     """Record this host's request ``nonce`` in ``ticket``, atomically."""
     if ticket is None:
         return
-    tmp = ticket.with_name(ticket.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(json.dumps({"nonce": nonce, "answered": answered}).encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, ticket)
-    fsync_dir(ticket.parent)
+    write_atomic(ticket, json.dumps({"nonce": nonce, "answered": answered}).encode())

@@ -32,8 +32,11 @@ from traind.launch.errors import (
 from traind.launch.handles import LaunchRecord, LaunchStore
 from traind.launch.host import service
 from traind.launch.host.commands import check
+from traind.util.poll import poll_until
 
 log = structlog.get_logger("traind.launch")
+REACH_INTERVAL = 2.0
+"""Seconds between tries of a host that does not answer yet."""
 FINISHED_EVENTS = frozenset({"run_complete"})
 """traind log events after which the run is over: trained, and every checkpoint committed."""
 
@@ -165,17 +168,21 @@ async def _bring_up(ctx: Context, record: LaunchRecord) -> LaunchRecord:
 
 
 async def _reachable(ctx: Context, handle: Handle, within: float) -> None:
-    """Retry a trivial command until the host answers (a fresh host's sshd starts late)."""
-    deadline = time.monotonic() + within
-    while True:
+    """Retry a trivial command until the host answers (a fresh host's sshd starts late);
+    the last error is raised once ``within`` seconds have passed."""
+
+    async def attempt() -> LaunchError | None:
         try:
             await run_checked(ctx, handle, "true", "true", within=30)
-            return
         except (HostUnreachableError, RemoteCommandError) as exc:
-            if time.monotonic() + 2 > deadline:
-                raise
-            log.info("launch_host_not_reachable_yet", instance=handle.instance_id, error=str(exc))
-        await asyncio.sleep(2)
+            log.info("launch_host_not_reachable_yet", instance=handle.instance_id,
+                     error=str(exc))
+            return exc
+        return None
+
+    if (failed := await poll_until(attempt, done=lambda e: e is None, within=within,
+                                   every=REACH_INTERVAL)) is not None:
+        raise HostUnreachableError(f"{failed} (still, after {within:.0f}s)") from failed
 
 
 def _public_key(cfg: LaunchConfig) -> str:

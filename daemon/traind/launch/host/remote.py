@@ -102,20 +102,6 @@ class SSHRemote:
         code = done.exit_status if done.exit_status is not None else 255
         return RemoteResult(code, time.monotonic() - started, "\n".join(tail))
 
-    async def wait_reachable(self, within: float, interval: float = 2.0) -> None:
-        """Retry a trivial command until it works; raise the last error after ``within`` s."""
-        deadline = time.monotonic() + within
-        while True:
-            try:
-                check(await self.run("true", within=max(5.0, self.connect_timeout)), "true")
-                return
-            except (HostUnreachableError, RemoteCommandError) as exc:
-                if time.monotonic() + interval > deadline:
-                    raise HostUnreachableError(f"{exc} (still, after {within:.0f}s)") from exc
-                log.info("launch_host_not_reachable_yet", endpoint=str(self.endpoint),
-                         error=str(exc))
-            await asyncio.sleep(interval)
-
     def ssh_argv(self) -> list[str]:
         """The ``ssh`` command rsync runs: same key, same host-key policy as asyncssh."""
         ep = self.endpoint

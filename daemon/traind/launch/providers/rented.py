@@ -8,7 +8,6 @@ how to search and create; everything else is written here once.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,6 +36,7 @@ from traind.launch.errors import (
 from traind.launch.handles import LaunchStore
 from traind.launch.host.remote import SSHRemote, trust_on_first_use
 from traind.launch.ranking import explain, rank
+from traind.util.poll import poll_until
 
 log = structlog.get_logger("traind.launch")
 
@@ -113,28 +113,31 @@ class RentedBackend(ABC):
     async def wait_running(self, handle: Handle, timeout: float) -> Handle:  # noqa: ASYNC109
         """Poll until the instance runs with an SSH endpoint; ProvisionError if it stops or
         times out, InstanceNotFoundError if it vanishes."""
-        deadline = time.monotonic() + timeout
-        while True:
+        ended = (HostState.STOPPED, HostState.DESTROYED)
+
+        def up(seen: Seen) -> bool:
+            return seen.state is HostState.RUNNING and bool(seen.host)
+
+        async def look() -> Seen:
             seen = await self.look(handle)
-            if seen.state is HostState.RUNNING and seen.host:
-                endpoint = SSHEndpoint(
-                    seen.host, seen.port or self.cloud.ssh_port, self.cloud.ssh_user,
-                    str(self.identity_file), str(self.store.known_hosts(handle.label)),
-                )
-                return replace(handle, endpoint=endpoint)
-            if seen.state in (HostState.STOPPED, HostState.DESTROYED):
-                raise ProvisionError(
-                    f"{self.name} instance {handle.instance_id} did not start ({seen.detail})"
-                )
-            if time.monotonic() >= deadline:
-                raise ProvisionError(
-                    f"{self.name} instance {handle.instance_id} not running after "
-                    f"{timeout:.0f}s ({seen.detail})"
-                )
-            log.info("launch_instance_waiting", backend=self.name, instance=handle.instance_id,
-                     state=str(seen.state), detail=seen.detail)
-            await asyncio.sleep(max(0.0, min(self.cloud.poll_interval,
-                                             deadline - time.monotonic())))
+            if not up(seen) and seen.state not in ended:
+                log.info("launch_instance_waiting", backend=self.name,
+                         instance=handle.instance_id, state=str(seen.state), detail=seen.detail)
+            return seen
+
+        seen = await poll_until(look, done=lambda s: up(s) or s.state in ended, within=timeout,
+                                every=self.cloud.poll_interval)
+        if seen.state in ended:
+            raise ProvisionError(
+                f"{self.name} instance {handle.instance_id} did not start ({seen.detail})")
+        if not up(seen):
+            raise ProvisionError(f"{self.name} instance {handle.instance_id} not running after "
+                                 f"{timeout:.0f}s ({seen.detail})")
+        endpoint = SSHEndpoint(
+            seen.host, seen.port or self.cloud.ssh_port, self.cloud.ssh_user,
+            str(self.identity_file), str(self.store.known_hosts(handle.label)),
+        )
+        return replace(handle, endpoint=endpoint)
 
     async def status(self, handle: Handle) -> HostStatus:
         """The instance's state from the provider; DESTROYED once it is gone."""
@@ -154,20 +157,21 @@ class RentedBackend(ABC):
             log.warning("launch_teardown_already_gone", backend=self.name,
                         instance=handle.instance_id, detail="not found")
             return
-        deadline = time.monotonic() + self.cloud.teardown_timeout
-        while True:
+
+        async def left() -> Seen | None:
             try:
                 seen = await self.look(handle)
             except InstanceNotFoundError:
-                break
-            if seen.state is HostState.DESTROYED:
-                break
-            if time.monotonic() >= deadline:
-                raise BackendAPIError(
-                    f"{self.name} instance {handle.instance_id} still {seen.state} "
-                    f"({seen.detail}) {self.cloud.teardown_timeout:.0f}s after its deletion"
-                )
-            await asyncio.sleep(self.cloud.poll_interval)
+                return None
+            return None if seen.state is HostState.DESTROYED else seen
+
+        seen = await poll_until(left, done=lambda s: s is None,
+                                within=self.cloud.teardown_timeout, every=self.cloud.poll_interval)
+        if seen is not None:
+            raise BackendAPIError(
+                f"{self.name} instance {handle.instance_id} still {seen.state} "
+                f"({seen.detail}) {self.cloud.teardown_timeout:.0f}s after its deletion"
+            )
         log.info("launch_instance_destroyed", backend=self.name, instance=handle.instance_id)
 
     async def _remote(self, handle: Handle) -> SSHRemote:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import gc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -104,10 +103,6 @@ async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, targe
         raise StorageError(describe(exc, "create_client", None, target)) from exc
     for event, handler in _IDLE_HANDLERS:
         client.meta.events.unregister(event, handler)
-    # The client's service model is a large tree of objects that lives as long as the
-    # process: frozen, it is left out of every later collection, which otherwise rescans
-    # it as transfers allocate (a share of a restore's CPU: see bench/README.md).
-    gc.freeze()
     return client
 
 

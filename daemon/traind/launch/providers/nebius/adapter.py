@@ -41,6 +41,7 @@ from traind.util.retry import Backoff, retrying
 
 if TYPE_CHECKING:
     from nebius.aio.service_error import RequestError
+    from nebius.api.nebius.compute.v1 import CreateInstanceRequest
     from nebius.sdk import SDK
 
 log = structlog.get_logger("traind.launch")
@@ -192,41 +193,11 @@ class NebiusBackend(RentedBackend):
         """Create the instance and follow its operation; ProvisionError naming Nebius's reason
         (quota, not enough resources), with whatever it left behind deleted."""
         from nebius.aio.operation import OperationError
-        from nebius.api.nebius.common.v1 import GetByNameRequest, ResourceMetadata
-        from nebius.api.nebius.compute.v1 import (
-            AttachedDiskSpec,
-            CreateInstanceRequest,
-            DiskSpec,
-            InstanceServiceClient,
-            InstanceSpec,
-            IPAddress,
-            ManagedDisk,
-            NetworkInterfaceSpec,
-            PublicIPAddress,
-            ResourcesSpec,
-            SourceImageFamily,
-        )
+        from nebius.api.nebius.common.v1 import GetByNameRequest
+        from nebius.api.nebius.compute.v1 import InstanceServiceClient
 
         cfg, project = self.config, self._project()
-        request = CreateInstanceRequest(
-            metadata=ResourceMetadata(parent_id=project, name=label),
-            spec=InstanceSpec(
-                resources=ResourcesSpec(platform=offer.raw["platform"], preset=offer.raw["preset"]),
-                boot_disk=AttachedDiskSpec(
-                    attach_mode=AttachedDiskSpec.AttachMode.READ_WRITE,
-                    managed_disk=ManagedDisk(name=f"{label}-boot", spec=DiskSpec(
-                        size_gibibytes=math.ceil(disk / 1.073741824),
-                        type=getattr(DiskSpec.DiskType, cfg.disk_type.upper()),
-                        source_image_family=SourceImageFamily(image_family=cfg.image_family),
-                    )),
-                ),
-                network_interfaces=[NetworkInterfaceSpec(
-                    name="eth0", subnet_id=cfg.subnet_id, ip_address=IPAddress(),
-                    public_ip_address=PublicIPAddress(),
-                )],
-                cloud_init_user_data=cloud_init(cfg.ssh_user, ssh_public_key),
-            ),
-        )
+        request = self._create_request(offer, disk, ssh_public_key, label)
         async with self._sdk() as sdk:
             service = InstanceServiceClient(sdk)
 
@@ -263,6 +234,45 @@ class NebiusBackend(RentedBackend):
 
             instance = await self.create_or_find(create, find, label, "nebius create instance")
         return self.rented(offer, instance, label)
+
+    def _create_request(self, offer: Offer, disk: float, ssh_public_key: str,
+                        label: str) -> CreateInstanceRequest:
+        """The instance of ``offer``: its boot disk from the configured image family, a
+        public IP, and cloud-init that lets ``ssh_public_key`` in."""
+        from nebius.api.nebius.common.v1 import ResourceMetadata
+        from nebius.api.nebius.compute.v1 import (
+            AttachedDiskSpec,
+            CreateInstanceRequest,
+            DiskSpec,
+            InstanceSpec,
+            IPAddress,
+            ManagedDisk,
+            NetworkInterfaceSpec,
+            PublicIPAddress,
+            ResourcesSpec,
+            SourceImageFamily,
+        )
+
+        cfg = self.config
+        return CreateInstanceRequest(
+            metadata=ResourceMetadata(parent_id=self._project(), name=label),
+            spec=InstanceSpec(
+                resources=ResourcesSpec(platform=offer.raw["platform"], preset=offer.raw["preset"]),
+                boot_disk=AttachedDiskSpec(
+                    attach_mode=AttachedDiskSpec.AttachMode.READ_WRITE,
+                    managed_disk=ManagedDisk(name=f"{label}-boot", spec=DiskSpec(
+                        size_gibibytes=math.ceil(disk / 1.073741824),
+                        type=getattr(DiskSpec.DiskType, cfg.disk_type.upper()),
+                        source_image_family=SourceImageFamily(image_family=cfg.image_family),
+                    )),
+                ),
+                network_interfaces=[NetworkInterfaceSpec(
+                    name="eth0", subnet_id=cfg.subnet_id, ip_address=IPAddress(),
+                    public_ip_address=PublicIPAddress(),
+                )],
+                cloud_init_user_data=cloud_init(cfg.ssh_user, ssh_public_key),
+            ),
+        )
 
     async def look(self, handle: Handle) -> Seen:
         """``InstanceService/Get``: state, public IP, GPUs."""

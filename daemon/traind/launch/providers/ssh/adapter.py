@@ -89,8 +89,7 @@ class SSHBackend:
         )
 
     async def wait_running(self, handle: Handle, timeout: float) -> Handle:  # noqa: ASYNC109
-        """Wait until the host answers over SSH."""
-        await self._remote(handle).wait_reachable(timeout)
+        """The host is there already: the launch's ``connect`` step waits until it answers."""
         return handle
 
     async def sync_to(
