@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from traind.errors import StorageError
-from traind.util.tasks import Slots, fan_out, task_group
+from traind.util.tasks import Slots, each_time, fan_out, task_group
 
 
 async def test_after_a_failure_no_waiting_call_starts() -> None:
@@ -80,3 +80,23 @@ async def test_fan_out_raises_the_failure_itself_and_starts_nothing_after_it() -
     with pytest.raises(StorageError, match="boom"):
         await fan_out(range(4), 1, one)
     assert started == [0]
+
+
+async def test_each_time_runs_once_per_set_and_again_for_a_set_meanwhile() -> None:
+    """A set while the action runs makes one more run; nothing runs while the event is clear."""
+    event = asyncio.Event()
+    runs: list[int] = []
+    release = asyncio.Event()
+
+    async def action() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            event.set()  # set again while the first run is running
+        await release.wait()
+
+    task = asyncio.create_task(each_time(event, action))
+    event.set()
+    release.set()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert runs == [0, 1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from traind.checkpoints.commit.coalesce import pinned, superseded_by
+from traind.checkpoints.commit.coalesce import newer_tag, pinned, superseded_by
 
 
 @pytest.mark.parametrize(("step", "waiting", "every", "expected"), [
@@ -26,3 +26,12 @@ def test_pinned_is_a_multiple_of_keep_every_steps() -> None:
     assert not pinned(1000, 0)
     assert pinned(1000, 500)
     assert not pinned(1001, 500)
+
+
+def test_newer_tag_names_the_waiting_checkpoint_that_supersedes() -> None:
+    """By tag: the newest other waiting tag, none for the newest itself or an unnumbered tag."""
+    waiting = ["checkpoint-10", "checkpoint-20", "checkpoint-30", "final"]
+    assert newer_tag("checkpoint-10", waiting, 0) == "checkpoint-30"
+    assert newer_tag("checkpoint-30", waiting, 0) is None
+    assert newer_tag("checkpoint-20", waiting, 10) is None
+    assert newer_tag("final", waiting, 0) is None
