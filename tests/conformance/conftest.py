@@ -65,7 +65,7 @@ class Stores:
 
     def checkpoints(self) -> CheckpointStore:
         """The checkpoint protocol over another handle (another host's daemon)."""
-        return CheckpointStore(self.make())
+        return CheckpointStore(self.make(), RUN)
 
     async def sent(self, store: ObjectStore, prefix: str, root: Path,
                    files: Sequence[LocalFile], session: UploadSession) -> None:
