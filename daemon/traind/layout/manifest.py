@@ -171,9 +171,7 @@ def listed(data: bytes | str, where: str, run: str, tag: str,
     try:
         found = parse(data)
     except IntegrityError as exc:
-        log.error("manifest_unreadable", where=where, error=str(exc),
-                  hint="this checkpoint is not listed; repair or delete its manifest")
-        return Unreadable(where, str(exc))
+        return unreadable(where, exc)
     return located(found, run, tag, where)
 
 
@@ -196,6 +194,14 @@ def check_version(raw: Mapping[str, Any], what: str) -> None:
     """ValueError unless ``raw`` is of this FORMAT_VERSION."""
     if type(raw["version"]) is not int or raw["version"] != FORMAT_VERSION:
         raise ValueError(f"unsupported {what} version {raw['version']!r}")
+
+
+def unreadable(where: str, exc: IntegrityError) -> Unreadable:
+    """The manifest at ``where`` cannot be used (malformed, or not a regular file): logged,
+    so its checkpoint is left out of a listing."""
+    log.error("manifest_unreadable", where=where, error=str(exc),
+              hint="this checkpoint is not listed; repair or delete its manifest")
+    return Unreadable(where, str(exc))
 
 
 def trainer_facts(state: Mapping[str, Any]) -> TrainerFacts:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from traind.errors import MissingFilesError
+from traind.errors import IntegrityError, MissingFilesError
 from traind.layout.keys import (
     AGREEMENT_DIR,
     CLAIM_NAME,
@@ -25,7 +25,7 @@ from traind.layout.keys import (
     PART_PREFIX,
     check_tag,
 )
-from traind.layout.manifest import FileEntry, Manifest, Unreadable, listed, located
+from traind.layout.manifest import FileEntry, Manifest, Unreadable, listed, located, unreadable
 from traind.layout.parts import part_rank
 from traind.protocol.listing_claims import CLAIMANTS
 from traind.protocol.ownership import ConflictError, check_committed, is_claim_file
@@ -128,7 +128,10 @@ async def listing(store: ObjectStore, run: str, concurrency: int) -> Listing:
 
     async def read(tag: str) -> Manifest | Unreadable | None:
         key = f"{tag}/{MANIFEST_NAME}"
-        found = await store.get(key)
+        try:
+            found = await store.get(key)
+        except IntegrityError as exc:  # a link, a FIFO or a directory as the manifest
+            return unreadable(store.where(key), exc)
         return None if found is None else listed(found.data, store.where(key), run, tag,
                                                  Manifest.from_json)
 
