@@ -374,11 +374,11 @@ async def _list(args: argparse.Namespace) -> int:
     settings = _settings(args)
     storage = open_storage(settings.storage, settings.run.name)
     try:
-        manifests = sorted(await _pullable(storage, settings.run.name), key=lambda m: m.step)
+        manifests = sorted(await _pullable(storage), key=lambda m: m.step)
     finally:
         await storage.aclose()
     if args.json:
-        import json
+        from traind.util.jsontext import strict_json
 
         rows = [
             {
@@ -392,7 +392,7 @@ async def _list(args: argparse.Namespace) -> int:
             }
             for m in manifests
         ]
-        print(json.dumps(rows, indent=2))
+        print(strict_json(rows, indent=2))
         return 0
     import time
 
@@ -435,7 +435,7 @@ async def _pull(args: argparse.Namespace) -> int:
     storage = open_storage(settings.storage, settings.run.name)
     if args.dry_run:
         try:
-            manifest = await find(storage, args.tag, await _pullable(storage, settings.run.name))
+            manifest = await find(storage, args.tag, await _pullable(storage))
         finally:
             await storage.aclose()
         return _show_pull_plan(manifest, args.dir, storage.describe)
@@ -445,7 +445,7 @@ async def _pull(args: argparse.Namespace) -> int:
             return await restore(storage, manifest, args.dir, progress)
 
     try:
-        manifests = await _pullable(storage, settings.run.name)
+        manifests = await _pullable(storage)
         manifest = await find(storage, args.tag, manifests)
         if args.tag != "latest":
             dest = await attempt(manifest)
@@ -466,10 +466,10 @@ async def _pull(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _pullable(storage: CheckpointStore, run: str) -> list[Manifest]:
+async def _pullable(storage: CheckpointStore) -> list[Manifest]:
     """The committed checkpoints, and those HF Trainer pushed itself to the same repo. The
     store's client is made by then: ``long_lived`` keeps the GC from rescanning it."""
-    found = await storage.manifests() + await storage.foreign_manifests(run)
+    found = await storage.manifests() + await storage.foreign_manifests()
     long_lived()
     return found
 
@@ -502,6 +502,8 @@ async def _verify(args: argparse.Namespace) -> int:
     from traind.checkpoints.restore.verify import check, remember
     from traind.checkpoints.state.identity import RunIdentity
     from traind.checkpoints.state.journal import Journal
+    from traind.errors import IntegrityError, StorageError
+    from traind.layout.manifest import Unreadable
     from traind.protocol import open_storage
     from traind.util.units import format_size
 
@@ -512,15 +514,25 @@ async def _verify(args: argparse.Namespace) -> int:
         scratch = Path(tempfile.gettempdir())
     elif (scratch / "journal.sqlite3").is_file():
         journal = Journal.in_state_dir(scratch, RunIdentity.of(settings))
+    unreadable: list[Unreadable] = []
     try:
         if args.tag is None:
-            manifests = sorted(await storage.manifests(), key=lambda m: m.step)
+            listing = await storage.listing()
+            manifests = sorted(listing.manifests, key=lambda m: m.step)
+            unreadable = listing.unreadable
         else:
             manifests = [await find(storage, args.tag)]
         bad = 0
         for manifest in manifests:
-            report = await check(storage, manifest, scratch)
             size = f"{len(manifest.files)} files, {format_size(manifest.total_bytes)}"
+            try:
+                report = await check(storage, manifest, scratch)
+            except StorageError as exc:
+                if exc.key is None and not isinstance(exc, IntegrityError):
+                    raise  # the store failed, not this checkpoint: nothing more is checked
+                bad += 1
+                print(f"{manifest.tag}: cannot be read from the store ({size})\n  {exc}")
+                continue
             if journal is not None:
                 await remember(journal, report)
             if report.ok:
@@ -535,11 +547,13 @@ async def _verify(args: argparse.Namespace) -> int:
         await storage.aclose()
         if journal is not None:
             journal.close()
-    if not manifests:
+    for refused in unreadable:
+        print(f"{refused.where}: unreadable manifest\n  {refused.error}")
+    if not manifests and not unreadable:
         print(f"(no committed checkpoints in {storage.describe})")
-    print(f"{len(manifests)} checkpoint(s) checked in {storage.describe}: "
-          f"{len(manifests) - bad} OK, {bad} with problems")
-    return 1 if bad else 0
+    print(f"{len(manifests) + len(unreadable)} checkpoint(s) checked in {storage.describe}: "
+          f"{len(manifests) - bad} OK, {bad + len(unreadable)} with problems")
+    return 1 if bad or unreadable else 0
 
 
 async def _push(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ and tests/unit/test_errors.py keeps this tree and the code in step::
     │   ├── IntegrityError
     │   │   ├── MissingFilesError
     │   │   └── PartsDisagreeError  [layout.parts]
+    │   ├── LinkedPathError
     │   ├── ProtocolError  [storage.ssh.openssh.wire]
     │   └── ConflictError  [protocol.ownership]
     │       └── ClaimHeldError  [protocol.ownership]
@@ -155,6 +156,12 @@ class MissingFilesError(IntegrityError):
             f"{tag}: {len(paths)} file(s) reported stored are not{at} with their size "
             f"({shown}); the manifest was not written"
         )
+
+
+class LinkedPathError(StorageError):
+    """A path in the store leads through a symbolic link (or a file where a directory
+    belongs): traind writes nothing through it, and reads nothing through the run's own
+    directory when that is one."""
 
 
 class JournalError(TraindError):

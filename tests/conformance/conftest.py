@@ -40,6 +40,12 @@ claiming = pytest.mark.parametrize("stores", CLAIMING, indirect=True)
 """A test of claim objects (leases, take-over): on every store that keeps them."""
 staging = pytest.mark.parametrize("stores", sorted(STAGED), indirect=True)
 """A test of what a store that stages its files guarantees instead."""
+ON_DISK = ["local", "ssh", "ssh-openssh", "ssh-rsync"]
+"""Stores backed by a directory tree, where links, FIFOs and directories can stand where a
+file or a directory of traind's belongs."""
+on_disk = pytest.mark.parametrize("stores", ON_DISK, indirect=True)
+"""A test of what a store backed by a directory does with what is planted in it
+(``Stores.directory``)."""
 RUN = "run"
 
 
@@ -51,6 +57,14 @@ class Stores:
     kind: str
     build: Callable[[], ObjectStore]
     made: list[ObjectStore] = field(default_factory=list)
+    disk: Path | None = None
+    """The run's directory behind the store (``ON_DISK`` kinds), None for the others."""
+
+    @property
+    def directory(self) -> Path:
+        """The run's directory behind the store, to plant things in (``@on_disk`` tests)."""
+        assert self.disk is not None, f"{self.kind} has no directory behind it"
+        return self.disk
 
     @property
     def staged(self) -> bool:
@@ -65,7 +79,7 @@ class Stores:
 
     def checkpoints(self) -> CheckpointStore:
         """The checkpoint protocol over another handle (another host's daemon)."""
-        return CheckpointStore(self.make())
+        return CheckpointStore(self.make(), RUN)
 
     async def sent(self, store: ObjectStore, prefix: str, root: Path,
                    files: Sequence[LocalFile], session: UploadSession) -> None:
@@ -147,6 +161,7 @@ async def _opened(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
                   monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stores]:
     stack = contextlib.AsyncExitStack()
     build: Callable[[], ObjectStore]
+    disk = None
     if kind == "memory-staged":  # as the Hub: each host's handle stages what it sends
         build = MemoryStore(staged=True).handle
     elif kind.startswith("memory"):
@@ -155,6 +170,7 @@ async def _opened(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
     elif kind == "local":
         config_l = LocalStorage(path=tmp_path / "store")
         build = lambda: open_objects(config_l, RUN)  # noqa: E731
+        disk = tmp_path / "store" / RUN
     elif kind.startswith("s3"):
         server: SeaweedS3 = request.getfixturevalue("seaweed")
         monkeypatch.delenv("TRAIND_S3_CONDITIONAL", raising=False)
@@ -180,7 +196,8 @@ async def _opened(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
             need_binary(tool)
         config_h = ssh_config(sshd_, tmp_path / "remote", transfer)
         build = lambda: open_objects(config_h, RUN)  # noqa: E731
-    made = Stores(kind, build)
+        disk = tmp_path / "remote" / RUN  # sshd runs here, as this user
+    made = Stores(kind, build, disk=disk)
     try:
         yield made
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from tests.conformance.conftest import Stores
+from tests.conformance.test_protocol import _upload
 from tests.support.sessions import RecordingSession
 
 from traind.checkpoints.commit.lifecycle import PartsGoneError, PartsPendingError
@@ -72,7 +73,7 @@ async def test_each_rank_claims_its_own_part(stores: Stores) -> None:
     assert claims == ["traind-writer-0.json", "traind-writer-1.json"]  # S3's listing: claimants
 
 
-async def test_single_writer_and_parts_never_share_a_tag(stores: Stores) -> None:
+async def test_single_writer_and_parts_never_share_a_tag(stores: Stores, tmp_path: Path) -> None:
     """A traind of one node cannot take a job's tag, nor a job's host one a single writer
     took; the refused claim leaves nothing behind."""
     host0, single = stores.checkpoints(), stores.checkpoints()
@@ -83,7 +84,8 @@ async def test_single_writer_and_parts_never_share_a_tag(stores: Stores) -> None
         assert [n for n in await stores.names(TAG) if "claims" not in n] == ["traind-writer-0.json"]
         await single.claim("checkpoint-5", OTHER)
         if stores.staged:  # no claim object there: the commit holds the tag
-            await single.commit(Manifest("run", "checkpoint-5", 5, (), writer=OTHER))
+            await single.commit(await _upload(single, tmp_path, {"x": b"x"}, OTHER,
+                                              "checkpoint-5"))
         with pytest.raises(ConflictError):
             await host0.claim_part("checkpoint-5", 1, W1)
     assert "traind-writer-1.json" not in await stores.names("checkpoint-5")
@@ -277,7 +279,8 @@ async def test_reserved_dir_is_never_a_checkpoint(stores: Stores, tmp_path: Path
         await host0.claim_part(TAG, 0, W0)
         await send(host0, tmp_path / "a", files0)
         await host0.commit_part(part0 := part(0, files0, W0))
-        await host0.commit(Manifest("run", "checkpoint-5", 5, (), writer=W0))
+        await host0.commit(await _upload(host0, tmp_path / "c", {"x": b"x"}, W0,
+                                         "checkpoint-5"))
         assert [m.tag for m in await host1.manifests()] == ["checkpoint-5"]
         assert await host1.uncommitted() == {TAG: [part0]}
         for tag in (TAG, "checkpoint-5"):

@@ -12,8 +12,11 @@ from tests.support.daemon import write_config
 from traind.checkpoints.commit.streamer import Streamer
 from traind.checkpoints.state.identity import RunIdentity
 from traind.checkpoints.state.journal import Journal
+from traind.layout.manifest import FileEntry
 from traind.protocol import CheckpointStore
 
+ONE_FILE = FileEntry("weights.bin", 1, hashlib.sha256(b"w").hexdigest())
+"""The one small file of a checkpoint a test commits by hand (a manifest lists one at least)."""
 
 def write_checkpoint(
     out: Path, step: int, size: int = 64 * 1024, nfiles: int = 2
@@ -89,3 +92,10 @@ async def commit_through_streamer(tmp_path: Path, store: CheckpointStore, step: 
     await journal.set_state(tag, "ready")
     await streamer.commit(tag)
     return journal
+
+
+async def one_file(store: CheckpointStore, tag: str) -> tuple[FileEntry, ...]:
+    """Store ``ONE_FILE`` under ``tag`` (on a store that does not stage what it is put):
+    the files of a manifest a test commits by hand."""
+    await store.objects.put(f"{tag}/{ONE_FILE.path}", b"w")
+    return (ONE_FILE,)

@@ -49,8 +49,8 @@ async def side(tmp_path: Path, name: str, store: CheckpointStore, steps: int,
     """Writer ``name`` (its own state_dir and output_dir under tmp_path/name) with
     checkpoint-1..``steps`` written (one file ``<name>-only.bin`` more), staged and ready."""
     root = tmp_path / name
-    journal = Journal.in_state_dir(root / "state", RunIdentity("run1", root / "out"))
-    streamer = Streamer("run1", root / "state", store, journal, claim_ttl=claim_ttl)
+    journal = Journal.in_state_dir(root / "state", RunIdentity(store.run, root / "out"))
+    streamer = Streamer(store.run, root / "state", store, journal, claim_ttl=claim_ttl)
     made = Side(root, streamer, journal, await streamer.writer())
     (root / "out").mkdir(parents=True, exist_ok=True)
     for step in range(1, steps + 1):

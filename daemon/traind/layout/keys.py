@@ -15,6 +15,11 @@ import re
 from traind.errors import UnsafePathError
 
 _COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
+NAME_MAX = 255
+"""The longest name of one path component, in UTF-8 bytes: what Linux filesystems hold (a
+file named longer could never be restored)."""
+PATH_MAX = 4095
+"""The longest relative path of a file in a checkpoint, in UTF-8 bytes."""
 MANIFEST_NAME = "traind-manifest.json"
 CLAIM_NAME = "traind-writer.json"
 """Beside the manifest: which writer took the tag (``Storage.claim``)."""
@@ -29,10 +34,10 @@ PART_CLAIM_PREFIX = "traind-writer-"
 
 def check_component(value: str, what: str = "name") -> str:
     """Return ``value`` if it is one safe path component, else raise UnsafePathError."""
-    if not _COMPONENT.fullmatch(value) or value in {".", ".."}:
+    if not _COMPONENT.fullmatch(value) or value in {".", ".."} or len(value) > NAME_MAX:
         raise UnsafePathError(
-            f"unsafe {what} {value!r}: allowed are letters, digits, '.', '_', '-' "
-            "(and not '.' or '..')"
+            f"unsafe {what} {value[:80]!r}: allowed are up to {NAME_MAX} letters, digits, "
+            "'.', '_', '-' (and not '.' or '..')"
         )
     return value
 
@@ -47,6 +52,10 @@ def check_relpath(rel: str) -> str:
     components of printable characters (spaces and non-ASCII letters included)."""
     if not rel or rel.startswith("/"):
         raise UnsafePathError(f"unsafe relative path {rel!r}: must be relative and non-empty")
+    if len(rel.encode(errors="surrogatepass")) > PATH_MAX or any(
+            len(part.encode(errors="surrogatepass")) > NAME_MAX for part in rel.split("/")):
+        raise UnsafePathError(f"unsafe relative path {rel[:80]!r}…: longer than {PATH_MAX} "
+                              f"bytes, or a name longer than {NAME_MAX}")
     for part in rel.split("/"):
         if part in {"", ".", ".."}:
             raise UnsafePathError(

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
 from traind.errors import IntegrityError
-from traind.layout.keys import check_relpath, check_tag
+from traind.layout.fields import INT_LIMIT, count, obj, optional, read, real, sha256, text
+from traind.layout.keys import check_component, check_relpath, check_tag
 
 FORMAT_VERSION = 1
 log = structlog.get_logger("traind.manifest")
@@ -28,6 +29,10 @@ class FileEntry:
     sha256: str
 
 
+FACTS = frozenset({"global_step", "best_metric", "best_model_checkpoint"})
+"""The fields of TrainerFacts, all a manifest's ``trainer`` object may hold."""
+
+
 @dataclass(frozen=True)
 class TrainerFacts:
     """What ``trainer_state.json`` says about the run at this checkpoint, when present."""
@@ -35,6 +40,17 @@ class TrainerFacts:
     global_step: int | None = None
     best_metric: float | None = None
     best_model_checkpoint: str | None = None
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> TrainerFacts:
+        """The facts a parsed manifest keeps (ValueError when one is not of its type)."""
+        if not isinstance(raw, dict):
+            raise ValueError("trainer is not an object")
+        if extra := set(raw) - FACTS:
+            raise ValueError(f"trainer holds unknown fields {sorted(extra)}")
+        return cls(global_step=optional(raw, "global_step", count),
+                   best_metric=optional(raw, "best_metric", real),
+                   best_model_checkpoint=optional(raw, "best_model_checkpoint", text))
 
     @property
     def best_tag(self) -> str | None:
@@ -65,11 +81,12 @@ class Writer:
     @classmethod
     def from_json(cls, data: bytes | str) -> Writer:
         """Parse a claim object; raise IntegrityError if malformed."""
-        try:
-            raw = json.loads(data)
-            return cls(id=str(raw["id"]), host=str(raw["host"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise IntegrityError(f"malformed writer claim: {exc}") from exc
+        return read(data, "writer claim", cls.of)
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> Writer:
+        """The writer a parsed claim or manifest names (ValueError, KeyError if none)."""
+        return cls(id=text(raw, "id"), host=text(raw, "host"))
 
 
 @dataclass(frozen=True)
@@ -99,47 +116,106 @@ class Manifest:
     @classmethod
     def from_json(cls, data: bytes | str) -> Manifest:
         """Parse and validate the on-store JSON form; raise IntegrityError if malformed."""
-        try:
-            raw = json.loads(data)
-            if raw["version"] != FORMAT_VERSION:
-                raise ValueError(f"unsupported manifest version {raw['version']!r}")
-            files = parse_files(raw["files"])
-            return cls(
-                run=str(raw["run"]),
-                tag=check_tag(str(raw["tag"])),
-                step=int(raw["step"]),
-                files=files,
-                created_at=float(raw["created_at"]),
-                host=str(raw["host"]),
-                trainer=TrainerFacts(**raw.get("trainer") or {}),
-                version=int(raw["version"]),
-                writer=Writer(str(w["id"]), str(w["host"])) if (w := raw.get("writer")) else None,
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise IntegrityError(f"malformed manifest: {exc}") from exc
+        return read(data, "manifest", cls._of)
+
+    @classmethod
+    def _of(cls, raw: Mapping[str, Any]) -> Manifest:
+        check_version(raw, "manifest")
+        manifest = cls(
+            run=check_component(text(raw, "run"), "run name"),
+            tag=check_tag(text(raw, "tag")),
+            step=count(raw, "step"),
+            files=parse_files(raw["files"]),
+            created_at=real(raw, "created_at"),
+            host=text(raw, "host"),
+            trainer=TrainerFacts.of(raw.get("trainer") or {}),
+            writer=None if raw.get("writer") is None else Writer.of(obj(raw, "writer")),
+        )
+        total = manifest.total_bytes
+        if total >= INT_LIMIT or ("total_bytes" in raw and count(raw, "total_bytes") != total):
+            raise ValueError(f"total_bytes {raw.get('total_bytes')!r} is not the sum of the "
+                             f"files' sizes ({total}) below {INT_LIMIT}")
+        return manifest
 
 
-def listed(data: bytes | str, where: str) -> Manifest | None:
-    """The manifest a listing found at ``where``, or None when it is malformed: that is
-    logged as an error naming it, and the checkpoint is left out (so never pruned), as one
-    damaged object must not hide every other checkpoint from list, pull, prune and restore."""
+class Located(Protocol):
+    """What a listing reads from a checkpoint's directory: a manifest or a part manifest,
+    which names the run and tag it was written for."""
+
+    @property
+    def run(self) -> str: ...
+
+    @property
+    def tag(self) -> str: ...
+
+
+Read = TypeVar("Read", bound=Located)
+_misplaced: set[str] = set()
+"""Where this process found a manifest of another place (warned once per path)."""
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A manifest a listing found at ``where`` and refused, ``error`` saying why."""
+
+    where: str
+    error: str
+
+
+def listed(data: bytes | str, where: str, run: str, tag: str,
+           parse: Callable[[bytes | str], Read]) -> Read | Unreadable | None:
+    """What a listing found at ``where`` in ``run``'s ``<tag>/`` (``parse`` of ``data``),
+    never listed, restored or pruned when it is malformed (Unreadable, logged as an error
+    naming it: one damaged object must not hide every other checkpoint) or another run's
+    or tag's (None: ``located``)."""
     try:
-        return Manifest.from_json(data)
+        found = parse(data)
     except IntegrityError as exc:
-        log.error("manifest_unreadable", where=where, error=str(exc),
-                  hint="this checkpoint is not listed; repair or delete its manifest")
-        return None
+        return unreadable(where, exc)
+    return located(found, run, tag, where)
+
+
+def located(found: Read, run: str, tag: str, where: str) -> Read | None:
+    """``found`` if it names ``run`` and ``tag``, the place it was read from (``where``);
+    else None, with a warning once per ``where`` in this process: a copy of a checkpoint's
+    directory inside the store is never a second checkpoint."""
+    if (found.run, found.tag) == (run, tag):
+        return found
+    if where not in _misplaced:
+        _misplaced.add(where)
+        log.warning("manifest_misplaced", where=where, run=found.run, tag=found.tag,
+                    expected_run=run, expected_tag=tag,
+                    hint="ignored: never listed, restored or pruned (a copy of a "
+                         "checkpoint's directory inside the store?)")
+    return None
+
+
+def check_version(raw: Mapping[str, Any], what: str) -> None:
+    """ValueError unless ``raw`` is of this FORMAT_VERSION."""
+    if type(raw["version"]) is not int or raw["version"] != FORMAT_VERSION:
+        raise ValueError(f"unsupported {what} version {raw['version']!r}")
+
+
+def unreadable(where: str, exc: IntegrityError) -> Unreadable:
+    """The manifest at ``where`` cannot be used (malformed, or not a regular file): logged,
+    so its checkpoint is left out of a listing."""
+    log.error("manifest_unreadable", where=where, error=str(exc),
+              hint="this checkpoint is not listed; repair or delete its manifest")
+    return Unreadable(where, str(exc))
 
 
 def trainer_facts(state: Mapping[str, Any]) -> TrainerFacts:
     """Extract the facts a manifest keeps from a parsed ``trainer_state.json``."""
-    step = state.get("global_step")
-    metric = state.get("best_metric")
-    best = state.get("best_model_checkpoint")
+    def kept(key: str, check: Callable[[Mapping[str, Any], str], Any]) -> Any:
+        try:
+            return optional(state, key, check)
+        except ValueError:  # NaN, a step past INT_LIMIT: not a fact a manifest can hold
+            return None
+
     return TrainerFacts(
-        global_step=int(step) if isinstance(step, int) else None,
-        best_metric=float(metric) if isinstance(metric, int | float) else None,
-        best_model_checkpoint=str(best) if best else None,
+        global_step=kept("global_step", count),
+        best_metric=kept("best_metric", real),
+        best_model_checkpoint=kept("best_model_checkpoint", text) or None,
     )
 
 
@@ -147,7 +223,7 @@ def read_trainer_facts(checkpoint_dir: Path) -> TrainerFacts:
     """Read ``trainer_state.json`` from a checkpoint directory; empty facts when absent."""
     try:
         state = json.loads((checkpoint_dir / "trainer_state.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return TrainerFacts()
     return trainer_facts(state) if isinstance(state, dict) else TrainerFacts()
 
@@ -182,11 +258,22 @@ def to_json(record: Any, **extra: Any) -> bytes:
     body = asdict(record)
     body["files"] = [asdict(f) for f in record.files]
     body.update(extra)
-    return json.dumps(body, indent=1, sort_keys=True).encode()
+    return json.dumps(body, indent=1, sort_keys=True, allow_nan=False).encode()
 
 
-def parse_files(raw: Any) -> tuple[FileEntry, ...]:
-    """The ``files`` list of a stored manifest or part manifest, every path validated."""
-    return tuple(
-        FileEntry(check_relpath(str(f["path"])), int(f["size"]), str(f["sha256"])) for f in raw
-    )
+def parse_files(raw: Any, least: int = 1) -> tuple[FileEntry, ...]:
+    """The ``files`` list of a stored manifest or part manifest: at least ``least`` (a
+    node of a multi-node job may store none), every path validated and listed once, every
+    size and sha256 of its type."""
+    if not isinstance(raw, list) or len(raw) < least:
+        raise ValueError(f"files is not a list of at least {least} file(s)")
+    files = tuple(FileEntry(check_relpath(text(f, "path")), count(f, "size"), sha256(f, "sha256"))
+                  for f in raw if isinstance(f, dict))
+    if len(files) != len(raw):
+        raise ValueError("files holds an entry that is not an object")
+    seen: set[str] = set()
+    for f in files:
+        if f.path in seen:
+            raise ValueError(f"files lists {f.path!r} more than once")
+        seen.add(f.path)
+    return files

@@ -8,22 +8,24 @@ parts are stored. Pure: a backend reads the parts, ``union`` decides.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from traind.errors import IntegrityError
+from traind.layout.fields import count, decimal, obj, read, real, text
 from traind.layout.keys import PART_CLAIM_PREFIX as PART_CLAIM_PREFIX
 from traind.layout.keys import PART_PREFIX as PART_PREFIX
-from traind.layout.keys import check_tag
+from traind.layout.keys import check_component, check_tag
 from traind.layout.manifest import (
     FORMAT_VERSION,
     FileEntry,
     Manifest,
     TrainerFacts,
     Writer,
+    check_version,
     parse_files,
     to_json,
 )
@@ -37,10 +39,8 @@ def part_name(rank: int) -> str:
 def part_rank(name: str) -> int | None:
     """The node rank in a part manifest's name (``traind-part-<rank>.json``); None when
     ``name`` is not one."""
-    stem = name.removeprefix(PART_PREFIX).removesuffix(".json")
-    if name.startswith(PART_PREFIX) and name.endswith(".json") and stem.isascii() \
-            and stem.isdigit():
-        return int(stem)
+    if name.startswith(PART_PREFIX) and name.endswith(".json"):
+        return decimal(name.removeprefix(PART_PREFIX).removesuffix(".json"))
     return None
 
 
@@ -73,29 +73,24 @@ class Part:
     @classmethod
     def from_json(cls, data: bytes | str) -> Part:
         """Parse a part manifest; raise IntegrityError when it is malformed."""
-        try:
-            raw = json.loads(data)
-            if raw["version"] != FORMAT_VERSION:
-                raise ValueError(f"unsupported part manifest version {raw['version']!r}")
-            part = cls(
-                run=str(raw["run"]),
-                tag=check_tag(str(raw["tag"])),
-                step=int(raw["step"]),
-                node_rank=int(raw["node_rank"]),
-                nodes=int(raw["nodes"]),
-                writer=Writer(str(raw["writer"]["id"]), str(raw["writer"]["host"])),
-                files=parse_files(raw["files"]),
-                trainer=TrainerFacts(**raw.get("trainer") or {}),
-                created_at=float(raw["created_at"]),
-                host=str(raw["host"]),
-                version=int(raw["version"]),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise IntegrityError(f"malformed part manifest: {exc}") from exc
-        if not 0 <= part.node_rank < part.nodes:
-            raise IntegrityError(f"malformed part manifest: node_rank {part.node_rank} is not "
-                                 f"in 0..{part.nodes - 1}")
-        return part
+        return read(data, "part manifest", cls._of)
+
+    @classmethod
+    def _of(cls, raw: Mapping[str, Any]) -> Part:
+        check_version(raw, "part manifest")
+        nodes = count(raw, "nodes")
+        return cls(
+            run=check_component(text(raw, "run"), "run name"),
+            tag=check_tag(text(raw, "tag")),
+            step=count(raw, "step"),
+            node_rank=count(raw, "node_rank", nodes),
+            nodes=nodes,
+            writer=Writer.of(obj(raw, "writer")),
+            files=parse_files(raw["files"], least=0),
+            trainer=TrainerFacts.of(raw.get("trainer") or {}),
+            created_at=real(raw, "created_at"),
+            host=text(raw, "host"),
+        )
 
 
 class PartsDisagreeError(IntegrityError):

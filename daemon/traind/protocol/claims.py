@@ -30,13 +30,13 @@ from traind.protocol.parts import any_part_claim
 from traind.storage.base import CREATE, ObjectStore, update
 
 
-async def claim(store: ObjectStore, tag: str, writer: Writer) -> None:
-    """Take ``tag`` for ``writer`` before any of its data goes out. Held or committed by
+async def claim(store: ObjectStore, run: str, tag: str, writer: Writer) -> None:
+    """Take ``tag`` of ``run`` for ``writer`` before any of its data goes out. Held or committed by
     ``writer`` already: nothing to do; another's uncommitted claim: ClaimHeldError; another's
     commit, or a multi-node job's tag: ConflictError."""
     base = f"{check_tag(tag)}/"
     if (await store.capabilities()).staged:  # the commit decides; only look who has it
-        await _unclaimed(store, tag, writer)
+        await _unclaimed(store, run, tag, writer)
         return
     key = base + CLAIM_NAME
     body = Lease.new(writer).to_json()
@@ -45,21 +45,21 @@ async def claim(store: ObjectStore, tag: str, writer: Writer) -> None:
         if found is None:  # taken over or pruned meanwhile: the next attempt finds it free
             raise TransientStorageError(f"{tag}: the claim {store.where(key)} vanished; "
                                         "retrying")
-        check_lease(tag, writer, Lease.from_json(found.data), await read_manifest(store, tag),
-                    store.where(key))
+        check_lease(tag, writer, Lease.from_json(found.data),
+                    await read_manifest(store, run, tag), store.where(key))
         return
     try:  # committed by a traind from before claims: a manifest without a claim
-        await _unclaimed(store, tag, writer)
+        await _unclaimed(store, run, tag, writer)
     except StorageError:
         await store.delete([key])
         raise
 
 
-async def _unclaimed(store: ObjectStore, tag: str, writer: Writer) -> None:
+async def _unclaimed(store: ObjectStore, run: str, tag: str, writer: Writer) -> None:
     """Raise ConflictError when another writer committed ``tag``, or a multi-node job's
     host holds a part of it."""
     base = f"{check_tag(tag)}/"
-    check_committed(tag, writer, await read_manifest(store, tag), store.where(base))
+    check_committed(tag, writer, await read_manifest(store, run, tag), store.where(base))
     if (holder := await any_part_claim(store, tag)) is not None:
         raise ConflictError(tag, str(writer), str(holder), store.where(base))
 

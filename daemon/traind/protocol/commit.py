@@ -14,8 +14,9 @@ objects, the claims last, so no other writer takes the tag meanwhile.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from traind.errors import MissingFilesError
+from traind.errors import IntegrityError, MissingFilesError
 from traind.layout.keys import (
     AGREEMENT_DIR,
     CLAIM_NAME,
@@ -24,7 +25,7 @@ from traind.layout.keys import (
     PART_PREFIX,
     check_tag,
 )
-from traind.layout.manifest import FileEntry, Manifest, listed
+from traind.layout.manifest import FileEntry, Manifest, Unreadable, listed, located, unreadable
 from traind.layout.parts import part_rank
 from traind.protocol.listing_claims import CLAIMANTS
 from traind.protocol.ownership import ConflictError, check_committed, is_claim_file
@@ -33,10 +34,14 @@ from traind.util.fileio import PART_SUFFIX
 from traind.util.tasks import fan_out
 
 
-async def read_manifest(store: ObjectStore, tag: str) -> Manifest | None:
-    """The manifest of ``tag`` when it is committed: one small read."""
-    found = await store.get(f"{check_tag(tag)}/{MANIFEST_NAME}")
-    return None if found is None else Manifest.from_json(found.data)
+async def read_manifest(store: ObjectStore, run: str, tag: str) -> Manifest | None:
+    """The manifest of ``tag`` of ``run`` when it is committed: one small read (a manifest
+    there of another run or tag, a copy, is none: ``located``). IntegrityError when it is
+    malformed."""
+    key = f"{check_tag(tag)}/{MANIFEST_NAME}"
+    found = await store.get(key)
+    return None if found is None else located(Manifest.from_json(found.data), run, tag,
+                                              store.where(key))
 
 
 async def verify_stored(store: ObjectStore, tag: str, files: Iterable[FileEntry]) -> set[str]:
@@ -60,10 +65,14 @@ def staging(store: ObjectStore) -> StagingStore:
     return store
 
 
-async def commit(store: ObjectStore, manifest: Manifest, union: bool = False) -> None:
+async def commit(store: ObjectStore, run: str, manifest: Manifest, union: bool = False) -> None:
     """Check the files are stored, then write the manifest, never over one already there
     unless its writer is this manifest's (a retried commit): after this the checkpoint
-    exists. ``union``: the manifest of a multi-node job's parts, whose claims are there."""
+    exists. ``union``: the manifest of a multi-node job's parts, whose claims are there.
+    ``run``: the store's, which the manifest must name (else no listing would find it)."""
+    if manifest.run != run:
+        raise ValueError(f"a manifest of run {manifest.run!r} is not committed in the store "
+                         f"of run {run!r}")
     key = f"{check_tag(manifest.tag)}/{MANIFEST_NAME}"
     body = manifest.to_json()
     caps = await store.capabilities()
@@ -73,7 +82,7 @@ async def commit(store: ObjectStore, manifest: Manifest, union: bool = False) ->
                 base, local_files(manifest.files), f"commit {manifest.tag} of writer "
                 f"{manifest.writer}", key=key, data=body,
                 unless=None if union else base + PART_CLAIM_PREFIX):
-            found = await read_manifest(store, manifest.tag)
+            found = await read_manifest(store, run, manifest.tag)
             check_committed(manifest.tag, manifest.writer, found, store.where(key))
             if found is None:  # refused for the parts a multi-node job's hosts claimed
                 raise ConflictError(manifest.tag, str(manifest.writer), "a multi-node job",
@@ -88,8 +97,8 @@ async def commit(store: ObjectStore, manifest: Manifest, union: bool = False) ->
         await store.delete([f"{manifest.tag}/{n}" for n in strays])
     if caps.create and await store.put(key, body, CREATE):
         return
-    check_committed(manifest.tag, manifest.writer, await read_manifest(store, manifest.tag),
-                    store.where(key))
+    check_committed(manifest.tag, manifest.writer,
+                    await read_manifest(store, run, manifest.tag), store.where(key))
     await store.put(key, body, OVERWRITE)  # none there, or our own retried: these objects
 
 
@@ -102,17 +111,33 @@ def _temporary_of(name: str, files: set[str]) -> bool:
     return target in files or target.rsplit(".", 1)[0] in files
 
 
-async def manifests(store: ObjectStore, concurrency: int) -> list[Manifest]:
-    """Every committed checkpoint of the run (a tag without a manifest is not one): one
-    listing of the tags, then ``concurrency`` manifest reads at once."""
+@dataclass(frozen=True)
+class Listing:
+    """The committed checkpoints of a run, and the manifests found that could not be read
+    (``traind verify --all`` fails on those)."""
+
+    manifests: list[Manifest]
+    unreadable: list[Unreadable]
+
+
+async def listing(store: ObjectStore, run: str, concurrency: int) -> Listing:
+    """Every committed checkpoint of ``run`` (a tag without a manifest is not one, nor is
+    one whose manifest is malformed or names another place: ``listed``): one listing of the
+    tags, then ``concurrency`` manifest reads at once."""
     tags = [t for t in await store.list_dirs() if t != AGREEMENT_DIR and _is_tag(t)]
 
-    async def read(tag: str) -> Manifest | None:
+    async def read(tag: str) -> Manifest | Unreadable | None:
         key = f"{tag}/{MANIFEST_NAME}"
-        found = await store.get(key)
-        return None if found is None else listed(found.data, store.where(key))
+        try:
+            found = await store.get(key)
+        except IntegrityError as exc:  # a link, a FIFO or a directory as the manifest
+            return unreadable(store.where(key), exc)
+        return None if found is None else listed(found.data, store.where(key), run, tag,
+                                                 Manifest.from_json)
 
-    return [m for m in await fan_out(tags, concurrency, read) if m is not None]
+    found = await fan_out(tags, concurrency, read)
+    return Listing([m for m in found if isinstance(m, Manifest)],
+                   [u for u in found if isinstance(u, Unreadable)])
 
 
 def _is_tag(name: str) -> bool:

@@ -14,7 +14,8 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 
-from traind.errors import IntegrityError, StorageError
+from traind.errors import StorageError
+from traind.layout.fields import optional, read, real, text
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Manifest, Writer
 
@@ -99,8 +100,11 @@ class Lease:
         return max(0.0, (time.time() if now is None else now) - self.renewed_at)
 
     def stale(self, ttl: float, now: float | None = None) -> bool:
-        """Whether the holder stopped renewing for longer than ``ttl``: it died or let go."""
-        return self.age(now) > ttl
+        """Whether the holder stopped renewing for longer than ``ttl``: it died or let go;
+        or the claim says it was renewed more than ``ttl`` ahead of now, which no clock
+        is off by (a lie that would hold the tag for ever)."""
+        now = time.time() if now is None else now
+        return self.age(now) > ttl or self.renewed_at - now > ttl
 
     @property
     def marker(self) -> str:
@@ -117,12 +121,9 @@ class Lease:
     def from_json(cls, data: bytes | str) -> Lease:
         """Parse a claim object (one without nonce and renewal is a released one); raise
         IntegrityError if malformed."""
-        writer = Writer.from_json(data)
-        raw = json.loads(data)
-        try:
-            return cls(writer, str(raw.get("nonce", "")), float(raw.get("renewed_at", 0.0)))
-        except (TypeError, ValueError) as exc:
-            raise IntegrityError(f"malformed writer claim: {exc}") from exc
+        return read(data, "writer claim", lambda raw: cls(
+            Writer.of(raw), optional(raw, "nonce", text) or "",
+            optional(raw, "renewed_at", real) or 0.0))
 
 
 def is_claim_file(name: str) -> bool:

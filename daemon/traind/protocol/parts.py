@@ -25,9 +25,9 @@ from traind.layout.keys import (
     check_relpath,
     check_tag,
 )
-from traind.layout.manifest import Writer
+from traind.layout.manifest import Unreadable, Writer, listed
 from traind.layout.parts import Part, PartsDisagreeError, part_claim_name, part_name, part_rank
-from traind.protocol import listing_claims as listed
+from traind.protocol import listing_claims as claimants
 from traind.protocol.commit import read_manifest, staging, verify_stored
 from traind.protocol.ownership import ConflictError, check_claim
 from traind.storage.base import LocalFile, ObjectStore, UploadSession
@@ -38,21 +38,23 @@ CHUNK = 8 * 1024 * 1024
 """Bytes read at a time when a stored file is hashed to compare it with this host's."""
 
 
-async def claim_part(store: ObjectStore, tag: str, rank: int, writer: Writer) -> None:
-    """Take node ``rank``'s part of ``tag`` for ``writer``; ConflictError when another writer
-    holds it, or a single writer holds the whole tag (checked after ours exists; a single
-    writer checks for part claims after its own, so one sees the other)."""
+async def claim_part(store: ObjectStore, run: str, tag: str, rank: int,
+                     writer: Writer) -> None:
+    """Take node ``rank``'s part of ``tag`` of ``run`` for ``writer``; ConflictError when
+    another writer holds it, or a single writer holds the whole tag (checked after ours
+    exists; a single writer checks for part claims after its own, so one sees the other)."""
     base = f"{check_tag(tag)}/"
     key = base + part_claim_name(rank)
-    made = await listed.create(store, key, writer.to_json(),
-                               f"{base}{listed.CLAIMANTS.rstrip('/')}-{rank}/", tag, writer)
+    made = await claimants.create(store, key, writer.to_json(),
+                                  f"{base}{claimants.CLAIMANTS.rstrip('/')}-{rank}/", tag,
+                                  writer)
     if not made:
         found = await store.get(key)
         if found is None:  # deleted (pruned) meanwhile: the next attempt finds it free
             raise TransientStorageError(f"{tag}: the part claim {store.where(key)} vanished; "
                                         "retrying")
         check_claim(tag, writer, Writer.from_json(found.data), store.where(key))
-    holder = await _single_writer(store, tag) if made else None
+    holder = await _single_writer(store, run, tag) if made else None
     if holder is None and (whole := await store.get(base + CLAIM_NAME)) is not None:
         holder = Writer.from_json(whole.data)
     if holder is not None:
@@ -61,12 +63,12 @@ async def claim_part(store: ObjectStore, tag: str, rank: int, writer: Writer) ->
         raise ConflictError(tag, str(writer), str(holder), store.where(base))
 
 
-async def _single_writer(store: ObjectStore, tag: str) -> Writer | None:
+async def _single_writer(store: ObjectStore, run: str, tag: str) -> Writer | None:
     """The single writer that committed ``tag`` on a store with no claim objects (it
     stages what it is sent), else None."""
     if not (await store.capabilities()).staged:
         return None
-    committed = await read_manifest(store, tag)
+    committed = await read_manifest(store, run, tag)
     return None if committed is None else committed.writer
 
 
@@ -139,19 +141,22 @@ async def part_ranks(store: ObjectStore, tag: str) -> set[int]:
             if (rank := part_rank(m.key[len(base):])) is not None}
 
 
-async def parts(store: ObjectStore, tag: str, concurrency: int) -> list[Part]:
-    """Every part manifest stored for ``tag``: one listing, then the reads at once."""
+async def parts(store: ObjectStore, run: str, tag: str, concurrency: int) -> list[Part]:
+    """Every part manifest stored for ``tag`` of ``run``, but those malformed or naming
+    another place (``listed``): one listing, then the reads at once."""
     keys = [f"{check_tag(tag)}/{part_name(r)}" for r in sorted(await part_ranks(store, tag))]
 
-    async def read(key: str) -> Part | None:
+    async def read(key: str) -> Part | Unreadable | None:
         found = await store.get(key)
-        return None if found is None else Part.from_json(found.data)
+        return None if found is None else listed(found.data, store.where(key), run, tag,
+                                                 Part.from_json)
 
-    return [p for p in await fan_out(keys, concurrency, read) if p is not None]
+    return [p for p in await fan_out(keys, concurrency, read) if isinstance(p, Part)]
 
 
-async def uncommitted(store: ObjectStore, concurrency: int) -> dict[str, list[Part]]:
-    """Every tag of the run holding part manifests and no manifest, with its parts: node 0
+async def uncommitted(store: ObjectStore, run: str, concurrency: int
+                      ) -> dict[str, list[Part]]:
+    """Every tag of ``run`` holding part manifests and no manifest, with its parts: node 0
     looks for checkpoints whose parts never all arrive (a host died for good)."""
     tags = [t for t in await store.list_dirs() if t != AGREEMENT_DIR]
 
@@ -162,7 +167,7 @@ async def uncommitted(store: ObjectStore, concurrency: int) -> dict[str, list[Pa
             return []
         if not await part_ranks(store, tag) or await store.head(f"{tag}/{MANIFEST_NAME}"):
             return []
-        return await parts(store, tag, concurrency)
+        return await parts(store, run, tag, concurrency)
 
     found = await fan_out(tags, concurrency, look)
     return {tag: p for tag, p in zip(tags, found, strict=True) if p}

@@ -9,6 +9,7 @@ older requests before putting a new one, so a rank has one at a time; should two
 
 from __future__ import annotations
 
+from traind.layout.fields import decimal
 from traind.layout.keys import AGREEMENT_DIR, check_component
 from traind.storage.base import ObjectMeta, ObjectStore
 from traind.util.fileio import PART_SUFFIX
@@ -41,9 +42,9 @@ async def start_requests(store: ObjectStore) -> dict[int, str]:
         rank, sep, nonce = meta.key[len(REQUEST):].partition("-")
         if nonce.endswith(PART_SUFFIX):
             continue  # a request being written (local, SSH): not stored yet
-        if rank.isdigit() and sep and nonce and (
-                int(rank) not in newest or _later(meta, newest[int(rank)])):
-            newest[int(rank)] = meta
+        if (r := decimal(rank)) is not None and sep and nonce and (
+                r not in newest or _later(meta, newest[r])):
+            newest[r] = meta
     return {rank: meta.key[len(REQUEST):].partition("-")[2] for rank, meta in newest.items()}
 
 

@@ -16,6 +16,7 @@ from traind.layout.manifest import Manifest, Writer
 from traind.layout.parts import Part
 from traind.protocol import claims, commit, parts, resume
 from traind.protocol import trainer_pushed as foreign
+from traind.protocol.commit import Listing
 from traind.protocol.ownership import Lease
 from traind.storage import Advance, LocalFile, ObjectStore, UploadSession, open_objects
 
@@ -24,11 +25,13 @@ CONCURRENCY = 16
 
 
 class CheckpointStore:
-    """Checkpoints of one run in ``objects``: claim, send, commit, list, fetch, delete."""
+    """Checkpoints of ``run`` in ``objects`` (the store under that run's root): claim,
+    send, commit, list, fetch, delete."""
 
-    def __init__(self, objects: ObjectStore, concurrency: int = CONCURRENCY,
+    def __init__(self, objects: ObjectStore, run: str, concurrency: int = CONCURRENCY,
                  foreign: ObjectStore | None = None) -> None:
         self.objects = objects
+        self.run = run
         self._concurrency = concurrency
         self._foreign = foreign
         """Where another tool's checkpoints may be (the Hub repo's root, for HF Trainer's
@@ -47,7 +50,7 @@ class CheckpointStore:
 
     async def claim(self, tag: str, writer: Writer) -> None:
         """Take ``tag`` for ``writer`` before any of its data goes out (``claims.claim``)."""
-        await claims.claim(self.objects, tag, writer)
+        await claims.claim(self.objects, self.run, tag, writer)
 
     async def renew(self, tag: str, writer: Writer) -> None:
         """Renew ``writer``'s claim; ConflictError once it is not its own."""
@@ -63,29 +66,33 @@ class CheckpointStore:
 
     async def commit(self, manifest: Manifest) -> None:
         """Check every file is stored, then write the manifest: the checkpoint exists."""
-        await commit.commit(self.objects, manifest)
+        await commit.commit(self.objects, self.run, manifest)
 
     async def commit_union(self, manifest: Manifest) -> None:
         """Commit the union of a multi-node job's parts (``parts.union``) as its manifest."""
-        await commit.commit(self.objects, manifest, union=True)
+        await commit.commit(self.objects, self.run, manifest, union=True)
 
     async def manifests(self) -> list[Manifest]:
         """Every committed checkpoint of this run, in no particular order."""
-        return await commit.manifests(self.objects, self._concurrency)
+        return (await self.listing()).manifests
 
-    async def foreign_manifests(self, run: str) -> list[Manifest]:
-        """Checkpoints HF Trainer pushed itself (no traind manifest), as manifests of
-        ``run``, whose tag no committed checkpoint has: for ``traind list`` and ``pull``,
-        never pruned."""
+    async def listing(self) -> Listing:
+        """Every committed checkpoint, and every manifest found unreadable."""
+        return await commit.listing(self.objects, self.run, self._concurrency)
+
+    async def foreign_manifests(self) -> list[Manifest]:
+        """Checkpoints HF Trainer pushed itself (no traind manifest), as manifests of this
+        run, whose tag no committed checkpoint has: for ``traind list`` and ``pull``, never
+        pruned."""
         if self._foreign is None:
             return []
         ours = {m.tag for m in await self.manifests()}
         return [m for m in await foreign.trainer_checkpoints(
-            self._foreign, run, self._concurrency) if m.tag not in ours]
+            self._foreign, self.run, self._concurrency) if m.tag not in ours]
 
     async def committed(self, tag: str) -> Manifest | None:
         """The manifest of ``tag`` when it is committed: one small read."""
-        return await commit.read_manifest(self.objects, tag)
+        return await commit.read_manifest(self.objects, self.run, tag)
 
     async def download(self, manifest: Manifest, dest: Path, advance: Advance) -> dict[str, str]:
         """Fetch every file of ``manifest`` under ``dest``; return path → sha256 as written
@@ -121,7 +128,7 @@ class CheckpointStore:
 
     async def claim_part(self, tag: str, rank: int, writer: Writer) -> None:
         """Take node ``rank``'s part of ``tag`` for ``writer`` (``parts.claim_part``)."""
-        await parts.claim_part(self.objects, tag, rank, writer)
+        await parts.claim_part(self.objects, self.run, tag, rank, writer)
 
     async def part_claim(self, tag: str, rank: int) -> Writer | None:
         """Who holds node ``rank``'s part of ``tag``, None when nobody."""
@@ -142,11 +149,11 @@ class CheckpointStore:
 
     async def parts(self, tag: str) -> list[Part]:
         """Every part manifest stored for ``tag``."""
-        return await parts.parts(self.objects, tag, self._concurrency)
+        return await parts.parts(self.objects, self.run, tag, self._concurrency)
 
     async def uncommitted(self) -> dict[str, list[Part]]:
         """Every tag holding part manifests and no manifest, with its parts."""
-        return await parts.uncommitted(self.objects, self._concurrency)
+        return await parts.uncommitted(self.objects, self.run, self._concurrency)
 
     async def request_start(self, rank: int, nonce: str) -> None:
         """Store node ``rank``'s start request ``nonce``, replacing its last one."""
@@ -175,4 +182,4 @@ def open_storage(config: AnyStorage, run: str) -> CheckpointStore:
     root = None
     if config.type == "hf":
         root = open_objects(config.model_copy(update={"path_in_repo": ""}), "")
-    return CheckpointStore(open_objects(config, run), config.concurrency, root)
+    return CheckpointStore(open_objects(config, run), run, config.concurrency, root)

@@ -11,9 +11,9 @@ from traind.storage.memory import MemoryStore
 class MemoryBackend(CheckpointStore):
     """A ``CheckpointStore`` in a dict: ``memory.objects`` holds every object by key."""
 
-    def __init__(self) -> None:
+    def __init__(self, run: str) -> None:
         self.memory = MemoryStore()
-        super().__init__(self.memory)
+        super().__init__(self.memory, run)
 
     @property
     def manifest_by_tag(self) -> dict[str, Manifest]:

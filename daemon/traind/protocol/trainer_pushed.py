@@ -15,7 +15,7 @@ import json
 import re
 
 from traind.layout.keys import MANIFEST_NAME
-from traind.layout.manifest import FileEntry, Manifest, TrainerFacts, trainer_facts
+from traind.layout.manifest import FileEntry, Manifest, TrainerFacts, listed, trainer_facts
 from traind.storage.base import ObjectMeta, ObjectStore
 from traind.util.tasks import fan_out
 
@@ -31,8 +31,7 @@ async def trainer_checkpoints(root: ObjectStore, run: str, concurrency: int) -> 
     names = [n for n in await root.list_dirs("") if TRAINER_DIR.match(n)]
 
     async def made_up(name: str) -> Manifest | None:
-        listed = await root.list(f"{name}/")
-        paths = {m.key[len(name) + 1:]: m for m in listed}
+        paths = {m.key[len(name) + 1:]: m for m in await root.list(f"{name}/")}
         if MANIFEST_NAME in paths or "trainer_state.json" not in paths:
             return None
 
@@ -50,8 +49,11 @@ async def trainer_checkpoints(root: ObjectStore, run: str, concurrency: int) -> 
         numbered = TRAINER_DIR.match(name)
         step = int(numbered.group(2)) if numbered and numbered.group(2) else (
             facts.global_step or 0)
-        return Manifest(run, name, step, tuple(files), created_at=0.0, host=PUSHED_BY,
+        made = Manifest(run, name, step, tuple(files), created_at=0.0, host=PUSHED_BY,
                         trainer=facts)
+        # validated as a stored manifest is: a made-up one may hold no less
+        found = listed(made.to_json(), root.where(f"{name}/"), run, name, Manifest.from_json)
+        return found if isinstance(found, Manifest) else None
 
     return [m for m in await fan_out(names, concurrency, made_up) if m is not None]
 
@@ -59,6 +61,6 @@ async def trainer_checkpoints(root: ObjectStore, run: str, concurrency: int) -> 
 def _facts(data: bytes) -> TrainerFacts:
     try:
         state = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return TrainerFacts()
     return trainer_facts(state) if isinstance(state, dict) else TrainerFacts()

@@ -18,6 +18,7 @@ from traind.errors import TraindError
 from traind.status.model import StatusSnapshot
 from traind.status.render import render
 from traind.util.address import TCPAddress, parse_listen
+from traind.util.jsontext import strict_json
 
 NOT_RUNNING = 3  # the LSB exit code for "program is not running", as systemctl status uses
 CLEAR = "\x1b[H\x1b[2J"
@@ -105,7 +106,7 @@ def status_command(
             print(f"traind: {exc} (retrying every {watch:g}s)", file=sys.stderr)
         else:
             if as_json:  # one document per line when watching: JSON lines for scripts
-                text = json.dumps(status, indent=None if watch is not None else 2) + "\n"
+                text = strict_json(status, indent=None if watch is not None else 2) + "\n"
             else:
                 text = render(status)
             out.write((CLEAR if redraw else "") + text)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Mapping
 from importlib import resources
@@ -27,6 +26,7 @@ from traind.status.metrics import CONTENT_TYPE, Metrics
 from traind.status.model import StatusSnapshot
 from traind.status.view import main_html, page_html
 from traind.util.address import TCPAddress, UnixAddress, parse_listen
+from traind.util.jsontext import strict_json
 
 log = structlog.get_logger("traind.status")
 
@@ -150,7 +150,7 @@ class StatusServer:
 
     async def _status(self, request: web.Request) -> web.Response:
         try:
-            body = json.dumps(self._snapshot())
+            body = strict_json(self._snapshot())
         except Exception as exc:  # a broken snapshot is a 500, never a dead server
             log.error("status_snapshot_failed", error=repr(exc))
             return web.json_response({"error": repr(exc)}, status=500)

@@ -17,12 +17,14 @@ import hashlib
 import mmap
 import os
 import secrets
+import stat
+import sys
 import threading
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
-from traind.errors import os_error
+from traind.errors import IntegrityError, LinkedPathError, StorageError, os_error
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -297,20 +299,30 @@ class StagedWriter:
 
 
 def copy_hashed(
-    src: Path, dst: Path, advance: Callable[[int], None], *, durable: bool = True
+    src: Path, dst: Path, advance: Callable[[int], None], *, durable: bool = True,
+    size: int | None = None, abandoned: threading.Event | None = None,
 ) -> tuple[int, str]:
     """Copy ``src`` to ``dst`` through a ``StagedWriter`` (direct writes where the
-    filesystem takes them), hashing while reading; fsync it when ``durable`` (a restore
-    leaves that to its caller, which makes the whole tree durable at once).
+    filesystem takes it), hashing while reading; fsync it when ``durable`` (a restore
+    leaves that to its caller, which makes the whole tree durable at once). With ``size``
+    (a stored file fetched for its manifest) ``src`` is opened by ``open_regular`` and no
+    more than ``size`` bytes are read. Once ``abandoned`` is set (``abandonable``) the
+    copy stops at the next chunk.
 
     Returns (bytes, sha256 hex).
     """
     digest = hashlib.sha256()
     total = 0
-    with open(src, "rb", buffering=0) as fin:
-        out = StagedWriter(create(dst, os.fstat(fin.fileno()).st_size))
+    fd = os.open(src, os.O_RDONLY) if size is None else open_regular(src, size)
+    with open(fd, "rb", buffering=0) as fin:
+        cap = os.fstat(fd).st_size if size is None else size
+        out = StagedWriter(create(dst, cap))
+        if size is None:
+            cap = sys.maxsize  # to its end, however long: our own file
         try:
-            while n := fin.readinto(room := out.room(STAGE)):
+            while total < cap and (n := fin.readinto(room := out.room(min(STAGE, cap - total)))):
+                if abandoned is not None and abandoned.is_set():
+                    raise OSError(errno.ECANCELED, "the copy was abandoned", str(src))
                 digest.update(room[:n])
                 out.filled(n)
                 total += n
@@ -319,6 +331,62 @@ def copy_hashed(
         finally:
             out.close()
     return total, digest.hexdigest()
+
+
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory",
+          stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFREG: "a regular file"}
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (an ``st_mode``, an SFTP ``permissions``) is, for a message."""
+    return _KINDS.get(stat.S_IFMT(mode), "of an unknown type")
+
+
+def not_regular(where: object, mode: int) -> IntegrityError:
+    """The error for a stored file that is not a regular file: that checkpoint's corruption,
+    as a flipped byte is; it is never read (a FIFO would block, a link to ``/dev/zero``
+    never end)."""
+    return IntegrityError(f"{where} is {file_kind(mode)}, not a regular file: not read")
+
+
+def not_a_directory(where: object, mode: int, *, write: bool,
+                    belongs: str = "a directory") -> StorageError:
+    """The error for a path in a store that is ``mode`` (a link, say) where ``belongs``
+    belongs: nothing is written through it (LinkedPathError), nor read (IntegrityError: the
+    checkpoint's corruption)."""
+    if write:
+        return LinkedPathError(f"{where} is {file_kind(mode)}, not {belongs}: traind writes "
+                               "nothing through it, nor reads through the run's own "
+                               "directory")
+    return IntegrityError(f"{where} is {file_kind(mode)}, not {belongs}: not read through")
+
+
+def size_differs(where: object, size: int, expected: int) -> IntegrityError:
+    """The error for a stored file whose size is not its manifest's (found before reading)."""
+    return IntegrityError(f"{where}: size {size} != manifest {expected}")
+
+
+def open_regular(path: Path, size: int | None = None) -> int:
+    """A read-only descriptor on the stored file ``path``, opened without blocking and
+    without following a final link; one that is not a regular file (of ``size`` bytes,
+    when given) raises IntegrityError naming it (``not_regular``, ``size_differs``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise not_regular(path, stat.S_IFLNK) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode)
+        if size is not None and st.st_size != size:
+            raise size_differs(path, st.st_size, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int | None = None) -> None:
@@ -412,6 +480,28 @@ def local_errors(action: str, path: object = None) -> Iterator[None]:
         raise
     except OSError as exc:
         raise os_error(exc, action, path) from exc
+
+
+async def abandonable(
+    action: str, path: object, fn: Callable[Concatenate[threading.Event, P], T],
+    *args: P.args, **kwargs: P.kwargs,
+) -> T:
+    """``in_thread`` for long work that stops once the event it is passed first is set: set
+    when the caller is cancelled, which then waits the step it takes the worker thread to
+    stop, so the thread neither runs on (a stopping daemon's exit waits for its threads)
+    nor writes after its caller has moved on (and removed what it was writing into)."""
+    abandoned = threading.Event()
+    work = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(fn, abandoned, *args, **kwargs))
+    with local_errors(action, path):
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            abandoned.set()
+            await asyncio.wait([work])
+            if not work.cancelled():
+                work.exception()  # the abandoned copy's error: taken, never reported
+            raise
 
 
 async def in_thread(

@@ -31,7 +31,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
     """One store (local directory or the fake) the writers of a test share."""
     if request.param == "local":
         return open_storage(LocalStorage(path=tmp_path / "store"), "run1")
-    return MemoryBackend()
+    return MemoryBackend("run1")
 
 
 def left_in_store(store: CheckpointStore, tmp_path: Path) -> set[str]:

@@ -20,7 +20,7 @@ from traind.protocol.testing import MemoryBackend
 async def test_a_torn_resume_point_corrupt_in_the_store_falls_back(tmp_path: Path) -> None:
     """checkpoint-4 torn on disk and corrupt in the store: checkpoint-3 is resumed from, 4
     logged as an error once and then skipped without being downloaded again."""
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     (await commit_through_streamer(tmp_path, store, 3)).close()
     journal = await commit_through_streamer(tmp_path, store, 4)
     out, config = tmp_path / "out", CheckpointsConfig()
@@ -54,7 +54,7 @@ async def test_a_fresh_host_with_no_checkpoint_that_verifies_starts_without_one(
 ) -> None:
     """Every stored checkpoint corrupt: the fresh host restores nothing, says so at error
     level, and leaves output_dir empty for the trainer to start from scratch."""
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     (await commit_through_streamer(tmp_path, store, 1)).close()
     store.memory.objects["checkpoint-1/shard-0.bin"] = b"rotten"
     out = tmp_path / "fresh"
@@ -75,7 +75,7 @@ async def test_the_memory_store_reports_a_missing_object_like_the_real_ones(
     tmp_path: Path,
 ) -> None:
     """The test double keeps the download contract: a missing object is an IntegrityError."""
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     (await commit_through_streamer(tmp_path, store, 1)).close()
     del store.memory.objects["checkpoint-1/shard-0.bin"]
     (manifest,) = await store.manifests()

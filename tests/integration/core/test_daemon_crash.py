@@ -38,7 +38,7 @@ async def test_a_failed_task_ends_with_an_error_naming_the_unstored(
         "storage": {"type": "local", "path": str(tmp_path / "unused")},
         "status": {"enabled": False},
     })
-    daemon = await Daemon.open(settings, storage=DownStore())
+    daemon = await Daemon.open(settings, storage=DownStore("r"))
     crash = asyncio.Event()
 
     async def crashing_retention() -> None:

@@ -22,7 +22,7 @@ class FlakyStore(MemoryBackend):
     """A memory store whose first ``failures`` listings fail as if the network were down."""
 
     def __init__(self, failures: int) -> None:
-        super().__init__()
+        super().__init__("r")
         self.failures = failures
         self.listings = 0
 
@@ -82,7 +82,7 @@ async def test_without_a_trainer_only_the_explicit_marker_completes_at_stop(
             "status": {"enabled": False},
         }
     )
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     daemon = await Daemon.open(settings, storage=store)
     stop = asyncio.Event()
     task = await running(daemon, stop)
@@ -112,11 +112,11 @@ async def test_open_refuses_a_second_daemon_until_the_first_one_ran(tmp_path: Pa
     )
     stop = asyncio.Event()
     stop.set()
-    first = await Daemon.open(settings, storage=MemoryBackend())
+    first = await Daemon.open(settings, storage=MemoryBackend("r"))
     with pytest.raises(TraindError, match=rf"another traind \(pid {os.getpid()}\) is running"):
-        await Daemon.open(settings, storage=MemoryBackend())
+        await Daemon.open(settings, storage=MemoryBackend("r"))
     async with asyncio.timeout(20):
         await first.run(stop)
-    second = await Daemon.open(settings, storage=MemoryBackend())
+    second = await Daemon.open(settings, storage=MemoryBackend("r"))
     async with asyncio.timeout(20):
         await second.run(stop)

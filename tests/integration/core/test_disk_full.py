@@ -68,7 +68,7 @@ async def test_failed_ack_is_reported_not_fatal(tmp_path: Path) -> None:
     staged; the failure is an error event, never an exception out of the watcher."""
     state = tmp_path / "state"
     journal = Journal.in_state_dir(state, run_in(tmp_path))
-    streamer = Streamer("r", state, MemoryBackend(), journal)
+    streamer = Streamer("r", state, MemoryBackend("r"), journal)
     (state / "acks").write_text("a file where the ack directory belongs")
     write_checkpoint(tmp_path / "out", 1)
     try:
@@ -106,7 +106,7 @@ async def test_dropped_snapshot_is_never_uploaded(tmp_path: Path) -> None:
     """A dropped checkpoint waiting for its retry is no longer pending, is never uploaded
     once the store is back, and a restarted daemon neither uploads nor tracks it."""
     state, out = tmp_path / "state", tmp_path / "out"
-    store = DownStore()
+    store = DownStore("r")
     journal = Journal.in_state_dir(state, run_in(tmp_path))
     streamer = Streamer("r", state, store, journal, retry_initial=0.2, retry_max=0.2)
     running = asyncio.create_task(streamer.run())
@@ -140,7 +140,7 @@ async def test_staging_on_another_filesystem_is_never_dropped(tmp_path: Path) ->
     once that nothing can be dropped."""
     with tmpfs(tmp_path / "out", "2m") as out, tmpfs(tmp_path / "state", "4m") as state:
         journal = Journal.in_state_dir(state, run_in(tmp_path))
-        streamer = Streamer("r", state, MemoryBackend(), journal)
+        streamer = Streamer("r", state, MemoryBackend("r"), journal)
         guard = SpaceGuard(out, streamer, journal, (1.0, 0))
         try:
             for step in (1, 2, 3):
@@ -167,7 +167,7 @@ async def test_store_back_on_a_full_disk_commits_the_newest_and_drops_the_rest(
     are dropped with one error naming them."""
     with tmpfs(tmp_path / "fs", "4m") as fs:
         out, state = fs / "out", fs / "state"
-        store = DownStore()
+        store = DownStore("r")
         journal = Journal.in_state_dir(state, RunIdentity("r", out))
         streamer = Streamer("r", state, store, journal, retry_initial=0.1, retry_max=0.2)
         guard = SpaceGuard(out, streamer, journal, (1.5, 0))
@@ -216,7 +216,7 @@ async def test_the_snapshot_in_flight_is_dropped_by_stopping_its_upload(tmp_path
     dropped, its staging is gone, and the upload loop goes on with the next one."""
     state, out = tmp_path / "state", tmp_path / "out"
     journal = Journal.in_state_dir(state, run_in(tmp_path))
-    streamer = Streamer("r", state, HangingStore(), journal)
+    streamer = Streamer("r", state, HangingStore("r"), journal)
     running = asyncio.create_task(streamer.run())
     try:
         for step in (1, 2):
@@ -255,7 +255,7 @@ async def test_a_full_disk_while_a_dropped_upload_still_stops(tmp_path: Path) ->
     upload is still stopping, neither raises nor holds back the next checkpoint."""
     state, out = tmp_path / "state", tmp_path / "out"
     journal = Journal.in_state_dir(state, run_in(tmp_path))
-    streamer = Streamer("r", state, SlowToStopStore(), journal)
+    streamer = Streamer("r", state, SlowToStopStore("r"), journal)
     running = asyncio.create_task(streamer.run())
     try:
         write_checkpoint(out, 1)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.support.checkpoints import commit_through_streamer, rewrite, run_in, write_checkpoint
+from tests.support.checkpoints import (
+    commit_through_streamer,
+    one_file,
+    rewrite,
+    run_in,
+    write_checkpoint,
+)
 
 from traind.checkpoints.restore.download import identity
 from traind.checkpoints.retention import pruner
@@ -19,13 +25,13 @@ async def test_a_directory_sharing_a_committed_tag_is_not_deleted(tmp_path: Path
     """checkpoint-5 is committed, but from another directory: the one in output_dir of the
     same name (another run's, say) stays; checkpoint-6, stored from here, goes."""
     out = tmp_path / "out"
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     try:
         for step, source in [(5, tmp_path / "elsewhere"), (6, out)]:
             tag = f"checkpoint-{step}"
             await journal.record_committed(tag, step, source / tag, store.describe)
-            await store.commit(Manifest(run="r", tag=tag, step=step, files=()))
+            await store.commit(Manifest("r", tag, step, await one_file(store, tag)))
         for step in (5, 6, 7):
             write_checkpoint(out, step)
         plan = await pruner.prune(
@@ -44,7 +50,7 @@ async def test_a_directory_sharing_a_committed_tag_is_not_deleted(tmp_path: Path
 async def test_a_delete_cut_short_is_finished_by_the_next_prune(tmp_path: Path) -> None:
     """A daemon killed between deleting a manifest and its files left them in the store
     (journal state ``pruning``): the next prune removes them and records ``pruned``."""
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     store.memory.objects["checkpoint-2/model.bin"] = b"orphaned"
     journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     try:
@@ -62,7 +68,7 @@ async def test_a_delete_cut_short_is_finished_by_the_next_prune(tmp_path: Path) 
 async def test_a_committed_directory_saved_again_is_not_deleted(tmp_path: Path) -> None:
     """The trainer saved checkpoint-1 again after it was committed: the directory on disk is
     no longer what the store holds, so local retention keeps it."""
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     journal = await commit_through_streamer(tmp_path, store, 1)
     out = tmp_path / "out"
     try:
@@ -80,11 +86,12 @@ async def test_a_committed_directory_saved_again_is_not_deleted(tmp_path: Path) 
 async def test_a_corrupt_newest_does_not_count_towards_keep_last(tmp_path: Path) -> None:
     """checkpoint-4 is recorded corrupt: with keep_last=1, checkpoint-3 (the newest that
     verifies) stays in the store, and so does 4, unused but kept for repair."""
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     try:
         for step in (2, 3, 4):
-            await store.commit(Manifest(run="r", tag=f"checkpoint-{step}", step=step, files=()))
+            tag = f"checkpoint-{step}"
+            await store.commit(Manifest("r", tag, step, await one_file(store, tag)))
         bad = store.manifest_by_tag["checkpoint-4"]
         await journal.record_corrupt("checkpoint-4", identity(bad), "x: sha256 differs")
         plan = await pruner.prune(

@@ -17,7 +17,7 @@ async def test_ready_snapshots_are_settled_against_the_store_once_it_answers(
 ) -> None:
     """Without manifests nothing ready is queued or marked; once they come, the one the
     store already holds is committed without a second upload and the other is queued."""
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
     try:
         streamer = Streamer("r", tmp_path / "state", store, journal)

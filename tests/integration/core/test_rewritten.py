@@ -31,7 +31,7 @@ class GatedStore(MemoryBackend):
     ``committed`` by every commit."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__("r")
         self.gate = asyncio.Event()
         self.started = asyncio.Event()
         self.committed = asyncio.Event()
@@ -126,7 +126,7 @@ async def test_trainer_resumes_from_newest_complete_checkpoint_not_yet_stored(
     s = settings(tmp_path)
     out = s.run.output_dir
     journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     try:
         states: list[tuple[int, State]] = [(1, "committed"), (2, "ready"), (3, "ready")]
         for step, state in states:
@@ -143,7 +143,7 @@ async def test_a_resume_point_saved_again_since_committed_is_restored(tmp_path: 
     """A trainer killed while saving a committed checkpoint again leaves it torn: it is not
     resumed from, but replaced by the store's copy (once: the restored copy is then the
     journal's)."""
-    store = MemoryBackend()
+    store = MemoryBackend("r")
     journal = await commit_through_streamer(tmp_path, store, 6)
     out = tmp_path / "out"
     shard = out / "checkpoint-6" / "shard-0.bin"

@@ -90,7 +90,7 @@ def test_recovery_never_removes_another_runs_staging(tmp_path: Path) -> None:
     b = RunIdentity("b", tmp_path / "out-b")
 
     async def main() -> None:
-        store = MemoryBackend()
+        store = MemoryBackend("a")
         ja = Journal.in_state_dir(state, a)
         try:
             streamer_a = Streamer("a", state, store, ja)
@@ -130,8 +130,8 @@ def test_another_runs_snapshot_does_not_ack_this_runs_trainer(tmp_path: Path) ->
     async def main() -> None:
         ja, jb = Journal.in_state_dir(state, a), Journal.in_state_dir(state, b)
         try:
-            streamer_a = Streamer("a", state, MemoryBackend(), ja)
-            streamer_b = Streamer("b", state, MemoryBackend(), jb)
+            streamer_a = Streamer("a", state, MemoryBackend("a"), ja)
+            streamer_b = Streamer("b", state, MemoryBackend("b"), jb)
             write_checkpoint(b.output_dir, 5)
             await streamer_b.stage("checkpoint-5", 5, b.output_dir / "checkpoint-5")
             assert (streamer_b.acks / "checkpoint-5").exists()
@@ -154,7 +154,7 @@ def test_resume_point_and_retention_see_only_this_runs_records(tmp_path: Path) -
     config = CheckpointsConfig()
 
     async def main() -> None:
-        store = MemoryBackend()
+        store = MemoryBackend("exp")
         ja = Journal.in_state_dir(state, a)
         try:
             streamer_a = Streamer("exp", state, store, ja)

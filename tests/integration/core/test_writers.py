@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+from tests.support.checkpoints import ONE_FILE
 from tests.support.writers import check_one_writer_each, close, race, side
 
 from traind.config import LocalStorage
@@ -69,7 +70,7 @@ async def test_second_writer_sends_no_byte_over_the_first(tmp_path: Path) -> Non
 async def test_racing_claims_exactly_one_wins(tmp_path: Path, kind: str) -> None:
     """Sixteen writers claiming one tag at once: exactly one gets it, the rest are told
     it is held (ClaimHeldError, a ConflictError naming the winner)."""
-    shared = MemoryBackend()
+    shared = MemoryBackend("run1")
     writers = [Writer(f"{n:032x}", f"host-{n}") for n in range(16)]
     stores = [local(tmp_path) if kind == "local" else shared for _ in writers]
     async with asyncio.timeout(30):
@@ -101,7 +102,7 @@ async def test_checkpoint_of_an_older_traind_is_nobodys_to_overwrite(tmp_path: P
     is another writer's: the claim is refused and withdrawn."""
     tag_dir = tmp_path / "store" / "run1" / "checkpoint-1"
     tag_dir.mkdir(parents=True)
-    old = json.loads(Manifest("run1", "checkpoint-1", 1, (), host="old-host").to_json())
+    old = json.loads(Manifest("run1", "checkpoint-1", 1, (ONE_FILE,), host="old-host").to_json())
     del old["writer"]
     (tag_dir / MANIFEST_NAME).write_text(json.dumps(old))
     with pytest.raises(ConflictError, match="older traind on old-host"):

@@ -53,7 +53,7 @@ async def test_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) -> None:
     then one create_commit of its files and manifest) naming the tag, writer and host; the
     Hub's LFS sha256 is the one traind reports."""
     repo = _repo()
-    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
+    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"), "run")
     writer = Writer("c" * 32, "host-c")
     async with asyncio.timeout(30):
         await store.probe()
@@ -80,7 +80,7 @@ async def test_bytes_the_hub_lost_before_the_commit_are_sent_again(
     whose bytes are gone stops it (MissingFilesError naming it, nothing committed); sent
     again, the checkpoint commits."""
     repo = _repo()
-    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
+    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"), "run")
     writer = Writer("d" * 32, "host-d")
     async with asyncio.timeout(30):
         manifest = await _upload(store, tmp_path, {
@@ -102,7 +102,7 @@ async def test_pruning_a_checkpoint_is_one_commit(hub: FakeHub, tmp_path: Path) 
     """Deleting a committed checkpoint (manifest, files, claim) is one Hub commit, and its
     folder is gone from the branch."""
     repo = _repo()
-    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"))
+    store = CheckpointStore(open_objects(hf_config(hub, repo), "run"), "run")
     writer = Writer("b" * 32, "host-b")
     async with asyncio.timeout(30):
         await store.commit(await _upload(store, tmp_path, {"a.bin": b"\1" * 2000,
@@ -226,7 +226,7 @@ async def test_checkpoints_on_a_branch_of_their_own(hub: FakeHub, tmp_path: Path
     and main is left as it was."""
     repo = _repo()
     config = hf_config(hub, repo, revision="traind-ckpts")
-    store = CheckpointStore(open_objects(config, "run"))
+    store = CheckpointStore(open_objects(config, "run"), "run")
     writer = Writer("e" * 32, "host-e")
     with capture_logs() as logs:
         async with asyncio.timeout(30):
@@ -236,7 +236,8 @@ async def test_checkpoints_on_a_branch_of_their_own(hub: FakeHub, tmp_path: Path
             await store.commit(manifest)
             listed = await store.manifests()
             back = await store.download(manifest, tmp_path / "back", lambda n: None)
-            on_main = await CheckpointStore(open_objects(hf_config(hub, repo), "run")).manifests()
+            on_main = await CheckpointStore(open_objects(hf_config(hub, repo), "run"),
+                                            "run").manifests()
     assert [e["branch"] for e in logs if e["event"] == "hf_branch_created"] == ["traind-ckpts"]
     assert listed == [manifest]
     assert back == _hashes(manifest)

@@ -59,7 +59,7 @@ async def test_trainer_pushed_checkpoint_is_listed_and_restored(
     try:
         async with asyncio.timeout(60):
             assert await storage.manifests() == []
-            pushed = await storage.foreign_manifests("run")
+            pushed = await storage.foreign_manifests()
             manifest = await find(storage, "latest", pushed)
             dest = await restore(storage, manifest, tmp_path / "restored")
     finally:

@@ -99,7 +99,7 @@ class Counting(CheckpointStore):
     """The local backend, counting the part calls each host makes."""
 
     def __init__(self, config: LocalStorage) -> None:
-        super().__init__(open_objects(config, "run"))
+        super().__init__(open_objects(config, "run"), "run")
         self.calls: list[str] = []
 
     async def part_ranks(self, tag: str) -> set[int]:

@@ -123,7 +123,7 @@ async def _pinned_state(out: Path, state: Path, steps: int) -> None:
     """Snapshots of checkpoint-1..steps waiting for the store, all but the newest rotated
     away from ``out`` (what a daemon killed while the store was down leaves)."""
     journal = Journal.in_state_dir(state, daemon_run(out))
-    streamer = Streamer("exp", state, MemoryBackend(), journal)
+    streamer = Streamer("exp", state, MemoryBackend("exp"), journal)
     try:
         for step in range(1, steps + 1):
             tag = f"checkpoint-{step}"

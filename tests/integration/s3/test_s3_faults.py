@@ -39,7 +39,7 @@ async def test_server_restart_mid_multipart(
     root = tmp_path / "checkpoint-3"
     files = make_checkpoint(root, {"shard.bin": 20 * MIB, "config.json": 100})
     store = stores(s3_config(own_server, "faults", concurrency=2, max_bandwidth="8MiB"))
-    checkpoints = CheckpointStore(store)
+    checkpoints = CheckpointStore(store, "run1")
     session = RecordingSession(threshold=5 * MIB)
     upload = asyncio.create_task(store.send("checkpoint-3/", root, files, session))
     try:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 from tests.integration.s3.conftest import s3_config
+from tests.support.checkpoints import one_file
 from tests.support.s3proxy import throttling_proxy
 from tests.support.seaweed import SeaweedS3
 
@@ -29,7 +30,8 @@ async def stored(make: Callable[[S3Storage], CheckpointStore], config: S3Storage
         entry = FileEntry(f"__{rank}_0.distcp", 1, "0" * 64)
         await backend.objects.put(f"{TAG}/{entry.path}", b"x")
         await backend.commit_part(Part("run1", TAG, 7, rank, 2, W, (entry,)))
-    await backend.commit(Manifest("run1", "checkpoint-6", 6, (), writer=W))
+    files = await one_file(backend, "checkpoint-6")
+    await backend.commit(Manifest("run1", "checkpoint-6", 6, files, writer=W))
 
 
 async def test_slow_down_on_listings_is_retried(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from tests.integration.s3.conftest import s3_config
+from tests.support.checkpoints import one_file
 from tests.support.s3proxy import throttling_proxy
 from tests.support.seaweed import SeaweedS3
 from tests.support.writers import check_one_writer_each, close, race
@@ -109,10 +110,11 @@ async def test_manifest_is_created_once(
     store = backends(s3_config(s3_server, bucket))
     a, b = Writer("a" * 32, "host-a"), Writer("b" * 32, "host-b")
     async with asyncio.timeout(30):
-        await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=a))
+        files = await one_file(store, "checkpoint-1")
+        await store.commit(Manifest("run1", "checkpoint-1", 1, files, writer=a))
         with pytest.raises(ConflictError):
-            await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=b))
-        await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=a))
+            await store.commit(Manifest("run1", "checkpoint-1", 1, files, writer=b))
+        await store.commit(Manifest("run1", "checkpoint-1", 1, files, writer=a))
         assert [m.writer for m in await store.manifests()] == [a]
         await store.delete("checkpoint-1")
         assert s3_server.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0

@@ -81,7 +81,7 @@ def test_put_then_get_round_trip(
     assert all(n <= request_size for n in moved)
 
     back = tmp_path / "back" / "nested" / "remote.bin"
-    assert pipe.get(remote, back, moved.append) == (size, hashlib.sha256(data).hexdigest())
+    assert pipe.get(remote, back, size, moved.append) == (size, hashlib.sha256(data).hexdigest())
     assert back.read_bytes() == data
     assert sum(moved) == 2 * size
 
@@ -97,7 +97,7 @@ def test_remote_refusals_are_clear_errors(servers: Servers, tmp_path: Path) -> N
                  str(tmp_path / "remote.bin.traind-part"), lambda n: None)
     assert not isinstance(refused.value, TransientStorageError)
     with pytest.raises(StorageError, match=r"open .*/nope\.bin: remote error: No such file"):
-        pipe.get(str(tmp_path / "nope.bin"), tmp_path / "back.bin", lambda n: None)
+        pipe.get(str(tmp_path / "nope.bin"), tmp_path / "back.bin", 1, lambda n: None)
 
 
 def test_a_missing_local_file_is_not_retried(servers: Servers, tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_replies_out_of_order_are_written_where_they_belong(
     pipe = servers.start(argv=[sys.executable, "-c", SWAP_REPLIES, servers.binary])
     assert pipe.handshake().read == 261120
     back = tmp_path / "back.bin"
-    assert pipe.get(str(tmp_path / "remote.bin"), back, lambda n: None) == (
+    assert pipe.get(str(tmp_path / "remote.bin"), back, len(data), lambda n: None) == (
         len(data), hashlib.sha256(data).hexdigest())
     assert back.read_bytes() == data
     assert flushed == [19 * 261120 - fileio.STAGE]  # one whole stage was written before
@@ -193,7 +193,7 @@ def test_errors_carry_the_sftp_status_and_errno(servers: Servers, tmp_path: Path
     pipe = servers.start("-P", "write")
     pipe.handshake()
     with pytest.raises(StorageError) as nope:
-        pipe.get(str(tmp_path / "nope.bin"), tmp_path / "back.bin", lambda n: None)
+        pipe.get(str(tmp_path / "nope.bin"), tmp_path / "back.bin", 1, lambda n: None)
     assert (nope.value.code, nope.value.missing, nope.value.transient) == (
         "FX_NO_SUCH_FILE", True, False)
     assert nope.value.op == f"open {tmp_path / 'nope.bin'}"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from tests.integration.ssh.conftest import MakeBackend
+from tests.support.checkpoints import one_file
 from tests.support.sshd import SSHServer
 from tests.support.writers import check_one_writer_each, close, race
 
@@ -58,10 +59,11 @@ async def test_manifest_is_created_once_and_probe_says_so(
     async with asyncio.timeout(30):
         assert (await store.probe()).startswith("exclusive create over SFTP")
         await store.claim("checkpoint-1", a)
-        await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=a))
+        files = await one_file(store, "checkpoint-1")
+        await store.commit(Manifest("run1", "checkpoint-1", 1, files, writer=a))
         with pytest.raises(ConflictError):
-            await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=b))
-        await store.commit(Manifest("run1", "checkpoint-1", 1, (), writer=a))
+            await store.commit(Manifest("run1", "checkpoint-1", 1, files, writer=b))
+        await store.commit(Manifest("run1", "checkpoint-1", 1, files, writer=a))
         assert [m.writer for m in await store.manifests()] == [a]
         tag_dir = remote / "store" / "run1" / "checkpoint-1"
         (tag_dir / "sub").mkdir()
@@ -74,4 +76,4 @@ async def test_manifest_is_created_once_and_probe_says_so(
                for op in sshd.sftp_operations()[before:] if op.startswith("remove")]
     assert removed[0] == MANIFEST_NAME
     assert removed[-1] == CLAIM_NAME  # the tag stays claimed until its objects are gone
-    assert sorted(removed[1:-1]) == ["a.bin", "sub/b.bin", "z.bin"]
+    assert sorted(removed[1:-1]) == ["a.bin", "sub/b.bin", "weights.bin", "z.bin"]

@@ -38,7 +38,7 @@ def test_part_manifest_round_trip() -> None:
     ("change", "message"),
     [
         ({"version": 99}, "version"),
-        ({"node_rank": 2}, "node_rank 2 is not in 0..1"),
+        ({"node_rank": 2}, "node_rank 2 is not an integer in 0..1"),
         ({"files": [{"path": "../x", "size": 1, "sha256": "a"}]}, "unsafe relative path"),
         ({"writer": None}, "malformed part manifest"),
     ],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from traind.checkpoints.commit.streamer import Streamer
 from traind.checkpoints.intake import snapshot
-from traind.checkpoints.intake.watcher import StageResult, parse_step
+from traind.checkpoints.intake.watcher import StageResult, parse_step, tag_problem
 from traind.checkpoints.state.identity import RunIdentity
 from traind.checkpoints.state.journal import Journal
 from traind.config import Settings
@@ -103,7 +103,8 @@ def _tag_and_step(source: Path, tag: str | None) -> tuple[str, int]:
     tag = check_tag(tag or source.resolve().name)
     step = parse_step(tag)
     if step is None:
-        raise TraindError(f"cannot read a step number from tag {tag!r}; pass --tag checkpoint-N")
+        raise TraindError(f"cannot push as {tag!r}: {tag_problem(tag)}; pass --tag "
+                          "checkpoint-N")
     return tag, step
 
 

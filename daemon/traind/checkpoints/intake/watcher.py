@@ -30,6 +30,7 @@ from traind.checkpoints.intake.snapshot import observe
 from traind.checkpoints.intake.wakeups import Changes
 from traind.config import CheckpointsConfig
 from traind.errors import UnsafePathError
+from traind.layout.fields import INT_LIMIT, decimal
 from traind.layout.keys import check_tag
 
 log = structlog.get_logger("traind.watcher")
@@ -49,9 +50,10 @@ OnComplete = Callable[[str, int], Awaitable[None]]
 
 
 def parse_step(tag: str) -> int | None:
-    """The step number at the end of a checkpoint directory name, if any."""
+    """The step number at the end of a checkpoint directory name, if any (below
+    INT_LIMIT: what a manifest and the journal hold)."""
     m = _STEP.search(tag)
-    return int(m[1]) if m else None
+    return decimal(m[1]) if m else None
 
 
 def tag_problem(name: str) -> str | None:
@@ -60,8 +62,10 @@ def tag_problem(name: str) -> str | None:
         check_tag(name)
     except UnsafePathError as exc:
         return str(exc)
-    if parse_step(name) is None:
+    if _STEP.search(name) is None:
         return f"no step number at the end of {name!r}"
+    if parse_step(name) is None:
+        return f"the step number at the end of {name!r} is not below 2**63 ({INT_LIMIT})"
     return None
 
 

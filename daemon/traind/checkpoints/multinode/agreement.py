@@ -14,8 +14,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from traind.errors import IntegrityError
+from traind.layout.fields import (
+    INT_LIMIT,
+    count,
+    decimal,
+    obj,
+    optional,
+    read,
+    real,
+    shown,
+    text,
+)
 from traind.layout.keys import check_tag
 
 
@@ -65,23 +76,34 @@ class Board:
     @classmethod
     def from_json(cls, data: bytes) -> Board:
         """Parse a stored board; raise IntegrityError when it is malformed."""
-        try:
-            raw = json.loads(data)
-            d = raw["decision"]
-            decision = None if d is None else ResumeDecision(
-                round=int(d["round"]),
-                tag=None if d["tag"] is None else check_tag(str(d["tag"])),
-                step=None if d["step"] is None else int(d["step"]),
-                nonces=_ranks(d["nonces"]),
-                decided_at=float(d["decided_at"]),
-            )
-            return cls(decision, _ranks(raw["seen"]), tuple(int(r) for r in raw["missing"]))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise IntegrityError(f"malformed resume board: {exc}") from exc
+        return read(data, "resume board", cls._of)
+
+    @classmethod
+    def _of(cls, raw: Mapping[str, Any]) -> Board:
+        d = None if raw["decision"] is None else obj(raw, "decision")
+        decision = None if d is None else ResumeDecision(
+            round=count(d, "round"),
+            tag=optional(d, "tag", lambda o, k: check_tag(text(o, k))),
+            step=optional(d, "step", count),
+            nonces=_ranks(obj(d, "nonces")),
+            decided_at=real(d, "decided_at"),
+        )
+        missing = raw["missing"]
+        if not isinstance(missing, list) or not all(
+                type(r) is int and 0 <= r < INT_LIMIT for r in missing):
+            raise ValueError(f"missing {shown(missing)} is not a list of node ranks")
+        return cls(decision, _ranks(obj(raw, "seen")), tuple(missing))
 
 
-def _ranks(raw: Mapping[str, object]) -> dict[int, str]:
-    return {int(rank): str(nonce) for rank, nonce in raw.items()}
+def _ranks(raw: Mapping[str, Any]) -> dict[int, str]:
+    """A board's rank → nonce object (ranks as decimal JSON keys)."""
+    return {_rank(rank): text(raw, rank) for rank in raw}
+
+
+def _rank(key: str) -> int:
+    if (rank := decimal(key)) is None:
+        raise ValueError(f"{shown(key)} is not a node rank")
+    return rank
 
 
 def covers(board: Board | None, rank: int, nonce: str) -> ResumeDecision | None:

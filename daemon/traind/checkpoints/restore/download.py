@@ -107,7 +107,7 @@ async def restore(
 ) -> Path:
     """Restore ``manifest`` as ``parent/<tag>`` and return that path."""
     dest = parent / manifest.tag
-    if dest.exists():
+    if os.path.lexists(dest):  # a link too, dangling or not: never restored through
         raise StorageError(f"{dest} already exists; refusing to overwrite it")
     progress = progress or Progress(manifest.total_bytes)
     started = time.monotonic()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from traind.launch import config as launch_config
 from traind.launch.commands import flow, jobflow, manage
 from traind.launch.handles import LaunchRecord, LaunchStore
 from traind.launch.registry import JOB_BACKENDS, open_backend, open_job_backend
+from traind.util.jsontext import strict_json
 
 Context = flow.Context | jobflow.Context
 
@@ -84,7 +84,7 @@ async def handle(args: argparse.Namespace) -> int:
     ops: Any = jobflow if isinstance(ctx, jobflow.Context) else manage  # the same calls
     if action == "status":
         facts = await ops.status(ctx, record)
-        print(json.dumps(facts, indent=2) if args.json else _table(facts))
+        print(strict_json(facts, indent=2) if args.json else _table(facts))
     elif action == "logs":
         detach = _detach_on_sigint()
         await ops.logs(ctx, record, args.lines, args.follow, detach, _print)

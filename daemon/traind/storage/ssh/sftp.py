@@ -80,24 +80,24 @@ async def _put_file(
 
 
 async def get_file(
-    sftp: asyncssh.SFTPClient, remote: str, local: Path, advance: Advance
+    sftp: asyncssh.SFTPClient, remote: str, local: Path, most: int, advance: Advance
 ) -> tuple[int, str]:
     """Download ``remote`` into ``local`` (not fsynced: the restore does that for the whole
-    tree); return (bytes, sha256).
+    tree), no more than ``most`` bytes of it; return (bytes, sha256).
 
     Like ``put_file``, progress is taken back on failure.
     """
     with counted(advance) as moved:
-        return await _get_file(sftp, remote, local, moved)
+        return await _get_file(sftp, remote, local, most, moved)
 
 
 async def _get_file(
-    sftp: asyncssh.SFTPClient, remote: str, local: Path, advance: Advance
+    sftp: asyncssh.SFTPClient, remote: str, local: Path, most: int, advance: Advance
 ) -> tuple[int, str]:
     digest = hashlib.sha256()
     total = 0
     async with await sftp.open(remote, "rb", block_size=-1, max_requests=128) as f:
-        size = (await f.stat()).size or 0
+        size = min((await f.stat()).size or 0, most)
         # Written in worker threads; closed by the last one still writing (StagedWriter).
         out = await in_thread("write", local, _open_for_write, local, size)
         inflight: deque[asyncio.Future[bytes]] = deque()

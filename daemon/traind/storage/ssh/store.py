@@ -16,7 +16,8 @@ import asyncio
 import builtins
 import posixpath
 import secrets
-from collections.abc import Awaitable, Callable, Collection, Sequence
+import stat
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -52,7 +53,7 @@ from traind.storage.ssh.sftp import (
     remove,
     write_bytes,
 )
-from traind.util.fileio import temporary_name
+from traind.util.fileio import not_a_directory, not_regular, size_differs, temporary_name
 from traind.util.tasks import fan_out
 
 T = TypeVar("T")
@@ -91,6 +92,50 @@ class SSHStore:
 
     def _path(self, key: str) -> str:
         return posixpath.join(self._root, check_key(key))
+
+    async def _looked(self, sftp: asyncssh.SFTPClient, dirs: Iterable[str],
+                      files: Iterable[str] = (), *, write: bool
+                      ) -> dict[str, asyncssh.SFTPAttrs | None]:
+        """The attributes of ``files`` (None: missing) once the run's directory and each
+        directory from it to each of ``dirs`` are found to be directories or missing (to be
+        made), all in one round of ``lstat``: else LinkedPathError, for a write or at the
+        run's directory, or, for a read, IntegrityError (the checkpoint's corruption)."""
+        steps = {d for directory in dirs for d in tree.chain(self._root, directory)}
+        wanted = set(files)
+        found = await tree.lstat(sftp, steps | wanted)
+        for d in sorted(steps, key=lambda d: d.count("/")):  # the outermost first
+            if (attrs := found[d]) is not None and not stat.S_ISDIR(tree.mode(attrs)):
+                raise not_a_directory(self._at(d), tree.mode(attrs),
+                                      write=write or d == self._root)
+        return {f: found[f] for f in wanted}
+
+    async def _regular(self, sftp: asyncssh.SFTPClient, path: str) -> bool:
+        """Whether the object at ``path`` is there, as a regular file read through no link;
+        IntegrityError naming it when it is something else."""
+        found = await self._looked(sftp, [posixpath.dirname(path)], [path], write=False)
+        if (attrs := found[path]) is not None and not stat.S_ISREG(tree.mode(attrs)):
+            raise not_regular(self._at(path), tree.mode(attrs))
+        return attrs is not None
+
+    async def _fetchable(self, sftp: asyncssh.SFTPClient,
+                         files: Sequence[tuple[str, int]]) -> None:
+        """Raise IntegrityError naming the first of ``files`` (remote path, size) that is not
+        a regular file of its size read through no link, before the server opens any: a
+        FIFO would block that open, a link to ``/dev/zero`` never end. One round of
+        ``lstat`` for them all."""
+        paths = [path for path, _ in files]
+        found = await self._looked(sftp, parents(paths), paths, write=False)
+        for path, size in files:
+            if (attrs := found[path]) is None:
+                raise IntegrityError(f"{self._at(path)}: missing from the store")
+            if not stat.S_ISREG(tree.mode(attrs)):
+                raise not_regular(self._at(path), tree.mode(attrs))
+            if attrs.size != size:
+                raise size_differs(self._at(path), attrs.size or 0, size)
+
+    def _at(self, path: str) -> str:
+        """``host:path``, for a message."""
+        return f"{self._link.target.host}:{path}"
 
     def _dir(self, prefix: str) -> str:
         """The directory every key starting with ``prefix`` is under (the root for none)."""
@@ -137,23 +182,35 @@ class SSHStore:
             if mode.kind == "create":
                 return await create_new(sftp, path, data)
             if mode.kind == "update":
-                found = await read_bytes(sftp, path)
+                found = await read_bytes(sftp, path) if await self._regular(sftp, path) else None
                 if found is None or version_of(found) != mode.version:
                     return False
             await write_bytes(sftp, path, data)
             return True
 
-        return await self._call(f"write {path}", lambda sftp: _in_place(sftp, path, write))
+        async def checked(sftp: asyncssh.SFTPClient) -> bool:
+            found = await self._looked(sftp, [posixpath.dirname(path)], [path], write=True)
+            if (attrs := found[path]) is not None and stat.S_ISLNK(tree.mode(attrs)):
+                raise not_a_directory(self._at(path), tree.mode(attrs), write=True,
+                                      belongs="a regular file")
+            return await _in_place(sftp, path, write)
+
+        return await self._call(f"write {path}", checked)
 
     async def get(self, key: str) -> Blob | None:
         path = self._path(key)
-        data = await self._call(f"read {path}", lambda sftp: read_bytes(sftp, path))
+
+        async def read(sftp: asyncssh.SFTPClient) -> bytes | None:
+            return await read_bytes(sftp, path) if await self._regular(sftp, path) else None
+
+        data = await self._call(f"read {path}", read)
         return None if data is None else Blob(data, version_of(data))
 
     async def get_range(self, key: str, start: int, end: int) -> bytes:
         path = self._path(key)
 
         async def read(sftp: asyncssh.SFTPClient) -> bytes:
+            await self._regular(sftp, path)  # a missing one fails the open, as it must
             async with await sftp.open(path, "rb") as f:
                 data = await f.read(max(0, end - start), start)
             return cast(bytes, data)  # opened "rb": bytes
@@ -164,11 +221,12 @@ class SSHStore:
         path = self._path(key)
 
         async def stat(sftp: asyncssh.SFTPClient) -> ObjectMeta | None:
+            """The regular file at ``key``; None for anything else, and through a link."""
             try:
-                attrs = await sftp.stat(path)
-            except asyncssh.SFTPNoSuchFile:
-                return None
-            if attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY:
+                if not await self._regular(sftp, path):
+                    return None
+                attrs = await sftp.lstat(path)
+            except (asyncssh.SFTPNoSuchFile, IntegrityError):
                 return None
             return ObjectMeta(key, attrs.size or 0, attrs.mtime)
 
@@ -177,18 +235,37 @@ class SSHStore:
     async def list(self, prefix: str) -> list[ObjectMeta]:
         top = prefix.rpartition("/")[0]
         base = self._dir(prefix)
-        return await self._call(
-            f"list {base}", lambda sftp: tree.files(sftp, self._root, top, prefix))
+
+        async def walk(sftp: asyncssh.SFTPClient) -> list[ObjectMeta]:
+            try:
+                await self._looked(sftp, [base], write=False)
+            except IntegrityError:
+                return []  # nothing through a link
+            return await tree.files(sftp, self._root, top, prefix)
+
+        return await self._call(f"list {base}", walk)
 
     async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         base = posixpath.join(self._root, check_key(prefix.rstrip("/"))) if prefix else self._root
-        return await self._call(f"list {base}", lambda sftp: tree.dirs(sftp, base))
+
+        async def dirs(sftp: asyncssh.SFTPClient) -> builtins.list[str]:
+            try:
+                await self._looked(sftp, [base], write=False)
+            except IntegrityError:
+                return []  # nothing through a link
+            return await tree.dirs(sftp, base)
+
+        return await self._call(f"list {base}", dirs)
 
     async def delete(self, keys: Sequence[str]) -> None:
         paths = [self._path(k) for k in keys]
+
+        async def remove(sftp: asyncssh.SFTPClient) -> None:
+            await self._looked(sftp, parents(paths), write=True)
+            await tree.remove_files(sftp, self._root, paths)
+
         if paths:
-            await self._call(f"delete in {self._root}",
-                                  lambda sftp: tree.remove_files(sftp, self._root, paths))
+            await self._call(f"delete in {self._root}", remove)
 
     async def send(
         self, prefix: str, root: Path, files: Sequence[LocalFile], session: UploadSession
@@ -198,7 +275,12 @@ class SSHStore:
         base = self._dir(prefix)
         remote = {f.path: self._path(prefix + check_relpath(f.path)) for f in files}
         dirs = parents(list(remote.values())) | {base}
-        await self._call(f"create {base}", lambda sftp: makedirs(sftp, dirs))
+
+        async def make(sftp: asyncssh.SFTPClient) -> None:
+            await self._looked(sftp, dirs, write=True)
+            await makedirs(sftp, dirs)
+
+        await self._call(f"create {base}", make)
         if self._config.transfer == "rsync" and not prefix.rpartition("/")[2]:
             await self._rsync.upload(base, root, files, session)
             return
@@ -223,6 +305,9 @@ class SSHStore:
     ) -> dict[str, str]:
         remote = {f.path: self._path(prefix + check_relpath(f.path)) for f in files}
 
+        await self._call(f"stat {self._dir(prefix)}", lambda sftp: self._fetchable(
+            sftp, [(remote[f.path], f.size) for f in files]))
+
         async def one(f: LocalFile) -> tuple[str, str]:
             try:
                 _, sha = await self._get(remote[f.path], dest / f.path, f.size, advance)
@@ -239,10 +324,11 @@ class SSHStore:
     async def _get(
         self, remote: str, local: Path, size: int, advance: Advance
     ) -> tuple[int, str]:
+        """Download ``remote`` (no more than its ``size`` bytes)."""
         if self._openssh:
             return await self._openssh.get(remote, local, size, advance)
         return await self._call(
-            f"download {remote}", lambda sftp: get_file(sftp, remote, local, advance))
+            f"download {remote}", lambda sftp: get_file(sftp, remote, local, size, advance))
 
     async def _exists(self, remote: str) -> bool:
         """Whether ``remote`` is there: a download that failed for lack of it is a file not
@@ -261,6 +347,7 @@ class SSHStore:
         try:
             sftp = await conn.start_sftp_client()
             step = "create remote_path"
+            await self._looked(sftp, [self._root], write=True)
             await makedirs(sftp, {self._root})
             probe = posixpath.join(self._root, f".traind-probe-{secrets.token_hex(4)}")
             step = "write a file in"

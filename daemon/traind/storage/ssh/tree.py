@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import asyncssh
 
@@ -44,8 +44,9 @@ async def dirs(sftp: asyncssh.SFTPClient, path: str) -> list[str]:
 
 async def files(sftp: asyncssh.SFTPClient, root: str, top: str, prefix: str
                 ) -> list[ObjectMeta]:
-    """Every file at any depth under ``root/top`` whose key (its path relative to ``root``)
-    starts with ``prefix``, with its size and mtime."""
+    """Every regular file at any depth under ``root/top`` whose key (its path relative to
+    ``root``) starts with ``prefix``, with its size and mtime; none through a link (a
+    directory's entries say what each is without following it)."""
     found: list[ObjectMeta] = []
     level = [top]
     while level:
@@ -58,9 +59,36 @@ async def files(sftp: asyncssh.SFTPClient, root: str, top: str, prefix: str
                 if attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY:
                     if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
                         deeper.append(key)
-                elif attrs.type != asyncssh.FILEXFER_TYPE_SYMLINK and key.startswith(prefix):
+                elif attrs.type == asyncssh.FILEXFER_TYPE_REGULAR and key.startswith(prefix):
                     found.append(ObjectMeta(key, attrs.size or 0, attrs.mtime))
         level = deeper
+    return found
+
+
+async def lstat(sftp: asyncssh.SFTPClient, paths: Iterable[str]
+                ) -> dict[str, asyncssh.SFTPAttrs | None]:
+    """Each of ``paths``'s attributes as ``lstat`` finds them, a final link not followed;
+    None when there is none."""
+    async def one(path: str) -> tuple[str, asyncssh.SFTPAttrs | None]:
+        try:
+            return path, await sftp.lstat(path)
+        except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPNotADirectory):
+            return path, None
+
+    return dict(await fan_out(sorted(set(paths)), IN_FLIGHT, one))
+
+
+def mode(attrs: asyncssh.SFTPAttrs) -> int:
+    """The file type and permission bits of ``attrs`` (0: the server did not say)."""
+    return attrs.permissions or 0
+
+
+def chain(root: str, directory: str) -> list[str]:
+    """``root`` and each directory from it down to ``directory`` (which is under it)."""
+    found = [root]
+    for part in posixpath.relpath(directory, root).split("/"):
+        if part != ".":
+            found.append(posixpath.join(found[-1], part))
     return found
 
 

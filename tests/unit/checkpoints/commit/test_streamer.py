@@ -23,7 +23,7 @@ class FailingStore(MemoryBackend):
     """A memory store whose first ``failures`` uploads fail as if the network dropped."""
 
     def __init__(self, failures: int) -> None:
-        super().__init__()
+        super().__init__("r")
         self.failures = failures
 
     async def upload(

@@ -11,7 +11,7 @@ import pytest
 
 from traind.checkpoints.commit.writer import WRITER_ID_FILE, load_or_create
 from traind.errors import TraindError
-from traind.layout.manifest import Manifest, Writer
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol.ownership import (
     ClaimHeldError,
     ConflictError,
@@ -47,7 +47,7 @@ def test_damaged_writer_id_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_manifest_records_its_writer_and_old_ones_still_parse() -> None:
     """The writer survives the JSON round trip; a manifest without one parses as None."""
-    manifest = Manifest("run", "checkpoint-1", 1, (), writer=A)
+    manifest = Manifest("run", "checkpoint-1", 1, (FileEntry("x", 1, "a" * 64),), writer=A)
     assert Manifest.from_json(manifest.to_json()).writer == A
     old = json.loads(manifest.to_json())
     del old["writer"]
@@ -76,6 +76,13 @@ def test_a_lease_is_stale_once_not_renewed_for_the_ttl() -> None:
     assert not lease.renewed(1100.0).stale(60.0, now=1150.0)
     assert lease.renewed(0.0).stale(60.0, now=1001.0)
     assert Lease.from_json(lease.to_json()) == lease
+
+
+def test_a_lease_renewed_further_ahead_than_the_ttl_is_stale() -> None:
+    """A claim saying it was renewed more than claim_ttl in the future (no clock is off by
+    that) would hold its tag for ever: it is stale; a little ahead (clock skew) is live."""
+    assert Lease(A, "n1", renewed_at=1e15).stale(60.0, now=1000.0)
+    assert not Lease(A, "n1", renewed_at=1030.0).stale(60.0, now=1000.0)
 
 
 def test_a_claim_without_renewal_is_read_as_released() -> None:

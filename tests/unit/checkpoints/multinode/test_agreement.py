@@ -141,6 +141,25 @@ def test_board_round_trip_and_malformed() -> None:
             Board.from_json(bad)
 
 
+
+@pytest.mark.parametrize("bad", [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"decision": {"round": 1, "tag": null, "step": null, "decided_at": NaN, '
+    b'"nonces": {}}, "seen": {}, "missing": []}',
+    b'{"decision": {"round": 1, "tag": "checkpoint-1", "step": 18446744073709551616, '
+    b'"decided_at": 0, "nonces": {}}, "seen": {}, "missing": []}',
+    rb'{"decision": null, "seen": {"\u00b2": "a"}, "missing": []}',
+    b'{"decision": null, "seen": {"0": ["a"]}, "missing": []}',
+    b'{"decision": null, "seen": {}, "missing": [true]}',
+], ids=["nested", "nan", "step-past-2**63", "superscript-rank", "nonce-not-text", "bool-rank"])
+def test_a_board_that_lies_is_one_clear_error(bad: bytes) -> None:
+    """A board nested too deeply, with a NaN time, a step past 2**63, a rank that is no
+    ASCII number or a nonce that is no string is an IntegrityError naming the board (node 0
+    then writes it anew), never a RecursionError or a NaN decision."""
+    with pytest.raises(IntegrityError, match="malformed resume board: "):
+        Board.from_json(bad)
+
+
 def _simulate(order: tuple[str, ...], nodes: int) -> dict[int, ResumeDecision]:
     """Play one interleaving of the hosts' requests (``R<rank>``), commits landing (``C``)
     and node 0's polls (``P``), then poll until decided; return the decision each rank

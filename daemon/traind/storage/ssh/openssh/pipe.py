@@ -125,14 +125,15 @@ class SFTPPipe:
         self._ok(f"rename {part}", wire.extended(self._id(), wire.POSIX_RENAME, names))
         return total, digest.hexdigest()
 
-    def get(self, remote: str, local: Path, advance: Advance) -> tuple[int, str]:
-        """Download ``remote`` into ``local`` (not fsynced: the restore does that); (bytes,
-        sha256)."""
+    def get(self, remote: str, local: Path, most: int, advance: Advance) -> tuple[int, str]:
+        """Download ``remote`` into ``local`` (not fsynced: the restore does that), no more
+        than ``most`` bytes of it; (bytes, sha256)."""
         handle = self._open(remote, _READ)
-        size = wire.size(self._call(f"stat {remote}", wire.fstat(self._id(), handle),
-                                    wire.Reply.ATTRS))
-        if size is None:
+        stated = wire.size(self._call(f"stat {remote}", wire.fstat(self._id(), handle),
+                                      wire.Reply.ATTRS))
+        if stated is None:
             raise StorageError(f"{self._where}: stat {remote}: the server did not say its size")
+        size = min(stated, most)
         with local_errors("write", local):
             stage = StagedWriter(create(local, size))
         try:

@@ -87,10 +87,13 @@ class OpenSSHTransfer:
     async def get(
         self, remote: str, local: Path, size: int, advance: Advance
     ) -> tuple[int, str]:
-        """Download ``remote`` (``size`` bytes) into ``local`` (written, fsynced):
-        (bytes, sha256 of what was written)."""
+        """Download ``remote`` (no more than its ``size`` bytes) into ``local`` (written,
+        fsynced): (bytes, sha256 of what was written)."""
+        def get(pipe: SFTPPipe, src: str, dst: Path, moved: Advance) -> tuple[int, str]:
+            return pipe.get(src, dst, size, moved)
+
         return await retrying(self._link.config, f"download {remote}",
-                              lambda: self._run(size, SFTPPipe.get, remote, local, advance))
+                              lambda: self._run(size, get, remote, local, advance))
 
     async def probe(self) -> None:
         """Check that ssh runs and the SFTP subsystem starts and offers what this mode needs."""
