@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiodocker
 from tests.support.requires import missing, need_binary
 
 START_TIMEOUT = 60.0
@@ -70,9 +71,15 @@ class Dockerd:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
-        subprocess.run(["umount", "-R", "-l", str(self.root / "exec")], capture_output=True,
-                       check=False)
+        for mount in _mounts_under(self.root):  # dockerd leaves its netns mounted
+            subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points below ``root``, deepest first."""
+    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    return sorted((p for p in points if p.startswith(f"{root}/")), key=len, reverse=True)
 
 
 @contextlib.contextmanager
@@ -84,3 +91,26 @@ def running_dockerd() -> Iterator[Dockerd]:
         yield engine
     finally:
         engine.stop()
+
+
+async def import_rootfs(host: str, tarball: Path, reference: str) -> None:
+    """``POST /images/create?fromSrc=-`` (``docker import``): ``tarball`` as image
+    ``reference`` (``repo:tag``) on the engine at ``host``."""
+    repo, _, tag = reference.partition(":")
+    async with aiodocker.Docker(url=host) as docker:
+        with tarball.open("rb") as data:
+            async with docker._query(  # aiodocker has `docker load`, not `docker import`
+                "images/create", "POST", params={"fromSrc": "-", "repo": repo, "tag": tag},
+                data=data, headers={"Content-Type": "application/x-tar"},
+            ) as response:
+                said = await response.text()
+        if '"error"' in said:
+            raise RuntimeError(f"docker import of {tarball} failed: {said[-500:]}")
+        await docker.images.inspect(reference)
+
+
+async def labelled(host: str, label: str) -> list[dict[str, object]]:
+    """Every container (any state) carrying ``label``, from the engine's own list."""
+    async with aiodocker.Docker(url=host) as docker:
+        found = await docker.containers.list(all=True, filters={"label": [label]})
+        return [c._container for c in found]
