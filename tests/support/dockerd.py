@@ -93,14 +93,15 @@ def running_dockerd() -> Iterator[Dockerd]:
         engine.stop()
 
 
-async def import_rootfs(host: str, tarball: Path, reference: str) -> None:
+async def import_rootfs(host: str, tarball: Path, reference: str, path: str) -> None:
     """``POST /images/create?fromSrc=-`` (``docker import``): ``tarball`` as image
-    ``reference`` (``repo:tag``) on the engine at ``host``."""
+    ``reference`` (``repo:tag``) on the engine at ``host``, its PATH ``path``."""
     repo, _, tag = reference.partition(":")
     async with aiodocker.Docker(url=host) as docker:
         with tarball.open("rb") as data:
             async with docker._query(  # aiodocker has `docker load`, not `docker import`
-                "images/create", "POST", params={"fromSrc": "-", "repo": repo, "tag": tag},
+                "images/create", "POST", params={"fromSrc": "-", "repo": repo, "tag": tag,
+                                             "changes": f"ENV PATH={path}"},
                 data=data, headers={"Content-Type": "application/x-tar"},
             ) as response:
                 said = await response.text()

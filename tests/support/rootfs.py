@@ -1,7 +1,7 @@
 """A small root filesystem made from what is on this machine, as a tarball for
 ``docker import``: a base image without a registry.
 
-It holds ``/bin/sh`` and ``mktemp``, this Python (its standard library, without its tests
+It holds ``/bin/sh``, ``mktemp`` and ``rm``, this Python (its standard library, without its tests
 and GUI) with the distributions ``traind`` needs installed into it (plus pip and setuptools,
 so that a build on top can pip-install traind offline), and every shared library those link
 against, found with ``ldd``. Paths are the host's own, symlinks included (``/lib`` →
@@ -26,8 +26,9 @@ from packaging.requirements import Requirement
 STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
                   "site-packages", "__pycache__"}
 """Top-level entries of the standard library left out: big and never used here."""
-MKTEMP = "/usr/bin/mktemp"
-"""The one program beside the shell that a job's entry command runs (launch's jobflow)."""
+PROGRAMS = ("/usr/bin/mktemp", "/usr/bin/rm")
+"""Programs beside the shell: what a job's entry command (launch's jobflow) and the
+container recipe's RUN use."""
 
 
 def closure(names: Iterable[str]) -> dict[str, importlib.metadata.Distribution]:
@@ -102,13 +103,14 @@ def python_rootfs(tarball: Path, libraries_of: Iterable[Path] = ()) -> Path:
     site = stdlib / "site-packages"
     dists = closure(["traind", "pip", "setuptools"])
     dists.pop("traind")  # what the image builds on top installs it
-    binaries: list[Path] = [python, Path(os.path.realpath("/bin/sh")), Path(MKTEMP),
+    binaries: list[Path] = [python, Path(os.path.realpath("/bin/sh")), *map(Path, PROGRAMS),
                             *libraries_of]
     with tarfile.open(tarball, "w") as tar:
         tree = _Tree(tar)
         tree.directory("/tmp", 0o1777)
         tree.add("/bin/sh")
-        tree.add(MKTEMP)
+        for program in PROGRAMS:
+            tree.add(program)
         tree.add(str(python))
         tree.add(str(base / "bin" / "python3"))
         for entry in stdlib.iterdir():

@@ -30,6 +30,7 @@ def base_image(dockerd: Dockerd, tmp_path_factory: pytest.TempPathFactory) -> st
     extra = []
     if torch is not None and torch.origin is not None:
         extra = sorted((Path(torch.origin).parent / "lib").glob("*.so*"))
-    python_rootfs(tarball, extra)
-    asyncio.run(asyncio.wait_for(import_rootfs(dockerd.host, tarball, BASE_IMAGE), 120))
+    python = python_rootfs(tarball, extra)
+    path = f"{python.parent}:/usr/local/bin:/usr/bin:/bin"
+    asyncio.run(asyncio.wait_for(import_rootfs(dockerd.host, tarball, BASE_IMAGE, path), 120))
     return BASE_IMAGE
