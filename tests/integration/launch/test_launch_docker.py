@@ -11,12 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.launch.lifecycle import Launcher, committed, project, trainer_pids
+from tests.integration.launch.lifecycle import (
+    Launcher,
+    committed,
+    job_config,
+    project,
+    trainer_pids,
+)
 from tests.support.dockerd import Dockerd, labelled
 from tests.support.requires import need_module
 
 from traind.launch.commands import jobflow
-from traind.launch.config import LaunchConfig
 from traind.launch.errors import LaunchError
 from traind.launch.handles import LaunchStore
 from traind.launch.jobs import LABEL
@@ -62,15 +67,7 @@ def toml_table(values: dict[str, Any]) -> str:
 
 def context(tmp_path: Path, store: LaunchStore, docker: dict[str, Any]) -> jobflow.Context:
     """A docker launch whose traind config is a real one (a local store, no trainer)."""
-    (tmp_path / "code").mkdir(exist_ok=True)
-    (tmp_path / "traind.toml").write_text(
-        f'[run]\nname = "x"\noutput_dir = "{tmp_path}/out"\nstate_dir = "{tmp_path}/st"\n'
-        f'[storage]\ntype = "local"\npath = "{tmp_path}/store"\n[status]\nenabled = false\n')
-    cfg = LaunchConfig.model_validate({
-        "name": "dk", "backend": "docker",
-        "run": {"code_dir": "code", "traind_config": "traind.toml"},
-        "host": {"wait_running": "20s"}, "docker": docker,
-    }, context={"base": tmp_path})
+    cfg = job_config(tmp_path, "dk", "docker", docker)
     return jobflow.Context(cfg, open_job_backend(cfg), store)
 
 
