@@ -80,6 +80,7 @@ system_tools() {
     [ -x /usr/sbin/sshd ] || command -v sshd >/dev/null || missing+=(openssh-server)
     [ -x /usr/lib/openssh/sftp-server ] || missing+=(openssh-sftp-server)
     command -v rsync >/dev/null || missing+=(rsync)
+    [ -x /usr/sbin/dockerd ] || command -v dockerd >/dev/null || missing+=(docker.io)
     command -v ssh-keygen >/dev/null || missing+=(openssh-client)
     command -v systemd-analyze >/dev/null || missing+=(systemd)
     # The status page's browser test drives the system's Chromium (Playwright's own browser

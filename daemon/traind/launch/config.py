@@ -195,6 +195,17 @@ class NebiusSection(CloudSection):
                        "network_hdd"] = "network_ssd"
 
 
+def _env_names(value: tuple[str, ...]) -> tuple[str, ...]:
+    for name in value:
+        if not name.isidentifier():
+            raise ValueError(f"{name!r} is not an environment variable name")
+    return value
+
+
+EnvNames = Annotated[tuple[str, ...], AfterValidator(_env_names)]
+"""Names of environment variables whose values go to a job as its secrets."""
+
+
 class HFJobsSection(Section):
     """``[hf_jobs]``: Hugging Face Jobs through huggingface_hub's Jobs API. The API token is
     huggingface_hub's own (``$HF_TOKEN``, else ``hf auth login``'s file); ``endpoint`` empty
@@ -204,7 +215,7 @@ class HFJobsSection(Section):
     flavor: str = "cpu-basic"
     timeout: Duration = 1800.0
     namespace: str = ""
-    secrets: tuple[str, ...] = ("HF_TOKEN",)
+    secrets: EnvNames = ("HF_TOKEN",)
     labels: dict[str, str] = Field(default_factory=dict)
     traind: str = "traind"
     endpoint: str = ""
@@ -214,13 +225,36 @@ class HFJobsSection(Section):
     backoff_initial: Duration = 1.0
     backoff_max: Duration = 20.0
 
-    @field_validator("secrets")
+
+
+class DockerSection(Section):
+    """``[docker]``: a Docker Engine through its REST API (aiodocker). ``host`` empty means
+    ``$DOCKER_HOST``, else ``unix:///var/run/docker.sock``. Docker has no secret store for
+    plain containers: ``secrets`` reach the container as environment variables. ``gpus`` is
+    a count or ``"all"`` (DeviceRequests, driver nvidia); ``network`` a Docker network mode;
+    ``mounts`` are ``"host path:container path"`` bind mounts (a local store's directory)."""
+
+    image: str = ""
+    flavor: str = ""
+    gpus: int | Literal["all"] = 0
+    timeout: Duration = 0.0
+    secrets: EnvNames = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    traind: str = "traind"
+    host: str = ""
+    network: str = "host"
+    mounts: tuple[str, ...] = ()
+    poll_interval: Duration = 1.0
+    cancel_timeout: Duration = 60.0
+    stop_timeout: Duration = 30.0
+
+    @field_validator("gpus")
     @classmethod
-    def _names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for name in v:
-            if not name.isidentifier():
-                raise ValueError(f"{name!r} is not an environment variable name")
+    def _gpus(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f'gpus = {v}: a count (0 for none) or "all"')
         return v
+
 
 
 class SSHHost(Section):
@@ -256,7 +290,8 @@ class LaunchConfig(Section):
     """The whole launch.toml."""
 
     name: str
-    backend: Literal["local", "ssh", "vast", "runpod", "lambda", "nebius", "hf-jobs"]
+    backend: Literal["local", "ssh", "vast", "runpod", "lambda", "nebius", "hf-jobs",
+                     "docker"]
     run: RunSection
     constraints: ConstraintsSection = ConstraintsSection()
     host: HostSection = HostSection()
@@ -267,6 +302,7 @@ class LaunchConfig(Section):
     lambda_: LambdaSection = Field(default=LambdaSection(), alias="lambda")
     nebius: NebiusSection = NebiusSection()
     hf_jobs: HFJobsSection = HFJobsSection()
+    docker: DockerSection = DockerSection()
     ssh: SSHSection = SSHSection()
 
     @field_validator("name")
@@ -282,7 +318,14 @@ class LaunchConfig(Section):
             raise ValueError('backend = "nebius" needs [nebius] subnet_id (nebius vpc subnet list)')
         if self.backend == "hf-jobs" and not self.hf_jobs.image:
             raise ValueError('backend = "hf-jobs" needs [hf_jobs] image (one with traind in it)')
+        if self.backend == "docker" and not self.docker.image:
+            raise ValueError('backend = "docker" needs [docker] image (one with traind in it)')
         return self
+
+    @property
+    def jobs(self) -> HFJobsSection | DockerSection:
+        """The table of the job platform ``backend`` names (what jobflow reads)."""
+        return self.docker if self.backend == "docker" else self.hf_jobs
 
     def remote_root(self, name: str | None = None) -> str:
         """Where this launch lives on the host: ``<run.remote_dir>/<name>``."""
@@ -294,7 +337,7 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> LaunchConfig:
     data = read_toml(path)
     data.update(overrides or {})
     for section in ("constraints", "host", "install", "pull", "vast", "runpod", "lambda",
-                    "nebius", "hf_jobs", "ssh"):
+                    "nebius", "hf_jobs", "docker", "ssh"):
         data.setdefault(section, {})  # validated here, so default paths resolve beside the file
     try:
         return LaunchConfig.model_validate(data, context={"base": path.resolve().parent})

@@ -14,8 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.support.tiny_train import QUIET_ENV, train_command
+
+from traind.launch.config import LaunchConfig
 
 
 class Launcher:
@@ -172,3 +175,17 @@ dir = "{tmp_path / "pulled"}"
 {extra}
 """)
     return launch
+
+
+def job_config(tmp_path: Path, name: str, backend: str, table: dict[str, Any]) -> LaunchConfig:
+    """A job launch ``name`` whose traind config is a real one (a local store, no trainer),
+    its backend's table ``table``."""
+    (tmp_path / "code").mkdir(exist_ok=True)
+    (tmp_path / "traind.toml").write_text(
+        f'[run]\nname = "x"\noutput_dir = "{tmp_path}/out"\nstate_dir = "{tmp_path}/st"\n'
+        f'[storage]\ntype = "local"\npath = "{tmp_path}/store"\n[status]\nenabled = false\n')
+    return LaunchConfig.model_validate({
+        "name": name, "backend": backend,
+        "run": {"code_dir": "code", "traind_config": "traind.toml"},
+        "host": {"wait_running": "20s"}, backend.replace("-", "_"): table,
+    }, context={"base": tmp_path})

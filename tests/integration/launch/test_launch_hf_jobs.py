@@ -13,14 +13,19 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
-from tests.integration.launch.lifecycle import Launcher, committed, project, trainer_pids
+from tests.integration.launch.lifecycle import (
+    Launcher,
+    committed,
+    job_config,
+    project,
+    trainer_pids,
+)
 from tests.support.fake_cloud import Serving
 from tests.support.fake_hf_jobs import NAMESPACE, TOKEN, FakeHFJobs
 from tests.support.requires import need_module
 
 from traind.launch.commands import jobflow
 from traind.launch.commands.flow import log_event
-from traind.launch.config import LaunchConfig
 from traind.launch.errors import BackendAPIError, LaunchError, ProvisionError
 from traind.launch.handles import LaunchStore
 from traind.launch.registry import open_job_backend
@@ -50,16 +55,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LaunchStore:
 
 def context(tmp_path: Path, url: str, store: LaunchStore, **table: Any) -> jobflow.Context:
     """A job launch whose traind config is a real one (a local store, no trainer)."""
-    (tmp_path / "code").mkdir(exist_ok=True)
-    (tmp_path / "traind.toml").write_text(
-        f'[run]\nname = "x"\noutput_dir = "{tmp_path}/out"\nstate_dir = "{tmp_path}/st"\n'
-        f'[storage]\ntype = "local"\npath = "{tmp_path}/store"\n[status]\nenabled = false\n')
-    cfg = LaunchConfig.model_validate({
-        "name": "hj", "backend": "hf-jobs",
-        "run": {"code_dir": "code", "traind_config": "traind.toml"},
-        "host": {"wait_running": "20s"},
-        "hf_jobs": {"image": "img:1", "endpoint": url, **FAST, **table},
-    }, context={"base": tmp_path})
+    cfg = job_config(tmp_path, "hj", "hf-jobs",
+                     {"image": "img:1", "endpoint": url, **FAST, **table})
     return jobflow.Context(cfg, open_job_backend(cfg), store)
 
 

@@ -1,0 +1,1 @@
+"""A local Docker Engine as a job platform (``backend = "docker"``)."""
