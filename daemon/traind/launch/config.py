@@ -195,24 +195,18 @@ class NebiusSection(CloudSection):
                        "network_hdd"] = "network_ssd"
 
 
-class HFJobsSection(Section):
-    """``[hf_jobs]``: Hugging Face Jobs through huggingface_hub's Jobs API. The API token is
-    huggingface_hub's own (``$HF_TOKEN``, else ``hf auth login``'s file); ``endpoint`` empty
-    means ``$HF_ENDPOINT``, else huggingface.co."""
+class JobSection(Section):
+    """What every container-job platform's table has: the image (with traind in it), the
+    timeout, the names of the environment variables passed on as platform secrets, labels,
+    the traind command in the image, and how the launch polls."""
 
     image: str = ""
-    flavor: str = "cpu-basic"
     timeout: Duration = 1800.0
-    namespace: str = ""
-    secrets: tuple[str, ...] = ("HF_TOKEN",)
+    secrets: tuple[str, ...] = ()
     labels: dict[str, str] = Field(default_factory=dict)
     traind: str = "traind"
-    endpoint: str = ""
     poll_interval: Duration = 5.0
     cancel_timeout: Duration = 120.0
-    retries: int = Field(default=4, ge=0)
-    backoff_initial: Duration = 1.0
-    backoff_max: Duration = 20.0
 
     @field_validator("secrets")
     @classmethod
@@ -221,6 +215,42 @@ class HFJobsSection(Section):
             if not name.isidentifier():
                 raise ValueError(f"{name!r} is not an environment variable name")
         return v
+
+    def hardware(self) -> str:
+        """The platform's name for the hardware asked for (a flavor, a GPU)."""
+        raise NotImplementedError
+
+
+class HFJobsSection(JobSection):
+    """``[hf_jobs]``: Hugging Face Jobs through huggingface_hub's Jobs API. The API token is
+    huggingface_hub's own (``$HF_TOKEN``, else ``hf auth login``'s file); ``endpoint`` empty
+    means ``$HF_ENDPOINT``, else huggingface.co."""
+
+    flavor: str = "cpu-basic"
+    namespace: str = ""
+    secrets: tuple[str, ...] = ("HF_TOKEN",)
+    endpoint: str = ""
+    retries: int = Field(default=4, ge=0)
+    backoff_initial: Duration = 1.0
+    backoff_max: Duration = 20.0
+
+    def hardware(self) -> str:
+        """The Jobs flavor."""
+        return self.flavor
+
+
+class ModalSection(JobSection):
+    """``[modal]``: a Modal Sandbox through the official ``modal`` client. Its token is the
+    client's own (``$MODAL_TOKEN_ID`` and ``$MODAL_TOKEN_SECRET``, else ``modal token set``'s
+    file); ``gpu`` in Modal's words (``"H100"``, ``"A100-80GB:2"``), empty for none."""
+
+    gpu: str = ""
+    app: str = "traind"
+    environment: str = ""
+
+    def hardware(self) -> str:
+        """The GPU string."""
+        return self.gpu
 
 
 class SSHHost(Section):
@@ -256,7 +286,8 @@ class LaunchConfig(Section):
     """The whole launch.toml."""
 
     name: str
-    backend: Literal["local", "ssh", "vast", "runpod", "lambda", "nebius", "hf-jobs"]
+    backend: Literal["local", "ssh", "vast", "runpod", "lambda", "nebius", "hf-jobs",
+                     "modal"]
     run: RunSection
     constraints: ConstraintsSection = ConstraintsSection()
     host: HostSection = HostSection()
@@ -267,6 +298,7 @@ class LaunchConfig(Section):
     lambda_: LambdaSection = Field(default=LambdaSection(), alias="lambda")
     nebius: NebiusSection = NebiusSection()
     hf_jobs: HFJobsSection = HFJobsSection()
+    modal: ModalSection = ModalSection()
     ssh: SSHSection = SSHSection()
 
     @field_validator("name")
@@ -282,7 +314,13 @@ class LaunchConfig(Section):
             raise ValueError('backend = "nebius" needs [nebius] subnet_id (nebius vpc subnet list)')
         if self.backend == "hf-jobs" and not self.hf_jobs.image:
             raise ValueError('backend = "hf-jobs" needs [hf_jobs] image (one with traind in it)')
+        if self.backend == "modal" and not self.modal.image:
+            raise ValueError('backend = "modal" needs [modal] image (one with traind in it)')
         return self
+
+    def job_section(self) -> JobSection:
+        """The table of the container-job platform ``backend`` names."""
+        return {"hf-jobs": self.hf_jobs, "modal": self.modal}[self.backend]
 
     def remote_root(self, name: str | None = None) -> str:
         """Where this launch lives on the host: ``<run.remote_dir>/<name>``."""
@@ -294,7 +332,7 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> LaunchConfig:
     data = read_toml(path)
     data.update(overrides or {})
     for section in ("constraints", "host", "install", "pull", "vast", "runpod", "lambda",
-                    "nebius", "hf_jobs", "ssh"):
+                    "nebius", "hf_jobs", "modal", "ssh"):
         data.setdefault(section, {})  # validated here, so default paths resolve beside the file
     try:
         return LaunchConfig.model_validate(data, context={"base": path.resolve().parent})
