@@ -5,9 +5,10 @@ Through the official client's async interface (modal 1.6): the app looked up by 
 secrets as one ``Secret.from_dict``, the sandbox made with ``Sandbox.create`` carrying the
 launch's tag, found again with ``Sandbox.from_id`` and listed with ``Sandbox.list(tags=...)``.
 Its state is ``poll()``'s return code: none yet is RUNNING, 0 COMPLETED, Modal's timeout
-code TIMEOUT, any other ERROR. Its log is its stdout. The token is the client's own
-(``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET``) and never leaves it. Every library failure is
-translated here; a sandbox whose creation failed half-way is terminated by the client.
+code TIMEOUT, its terminated code CANCELLED, any other ERROR. Its log is its stdout. The
+token is the client's own (``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET``) and never leaves it.
+Every library failure is translated here; a sandbox whose creation failed half-way is
+terminated by the client.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from traind.launch.jobs import LABEL, JobSpec, JobState, JobStatus
 log = structlog.get_logger("traind.launch")
 T = TypeVar("T")
 BACKEND = "modal"
-TIMEOUT_CODE = 124
-"""The return code Modal's client gives a sandbox its timeout ended (``_result_returncode``)."""
+CODES = {0: JobState.COMPLETED, 124: JobState.TIMEOUT, 137: JobState.CANCELLED}
+"""The return codes modal's client gives a sandbox that completed, that its timeout ended and
+that was terminated (``_result_returncode`` in modal/sandbox/_common.py)."""
 LOG_IDLE = 2.0
 """Without ``follow``, the log so far: stdout read until it stays quiet this long (s)."""
 REFUSALS: tuple[tuple[type[Exception], str], ...] = (
@@ -68,9 +70,7 @@ def state_of(code: int | None) -> JobState:
     """A sandbox's return code (None while it runs), normalised."""
     if code is None:
         return JobState.RUNNING
-    if code == 0:
-        return JobState.COMPLETED
-    return JobState.TIMEOUT if code == TIMEOUT_CODE else JobState.ERROR
+    return CODES.get(code, JobState.ERROR)
 
 
 class ModalBackend:
@@ -85,8 +85,7 @@ class ModalBackend:
         """``Sandbox.create`` in the launch's app, tagged with the launch's label."""
         what = f"create sandbox (image {spec.image}, gpu {spec.flavor or 'none'})"
         env = self.config.environment or None
-        app = await called(modal.App.lookup.aio(self.config.app, create_if_missing=True,
-                                                environment_name=env), what, ProvisionError)
+        app = await self._app(what, ProvisionError)
         sandbox = await called(modal.Sandbox.create.aio(
             *spec.command, app=app, image=modal.Image.from_registry(spec.image),
             secrets=[modal.Secret.from_dict(dict(spec.secrets))], env=dict(spec.env),
@@ -98,6 +97,11 @@ class ModalBackend:
                  timeout=spec.timeout)
         return Handle(BACKEND, sandbox.object_id, spec.label, gpu_name=spec.flavor,
                       created_at=time.time())
+
+    async def _app(self, what: str, refused: type[LaunchError] = BackendAPIError) -> modal.App:
+        return await called(modal.App.lookup.aio(
+            self.config.app, create_if_missing=True,
+            environment_name=self.config.environment or None), what, refused)
 
     async def _sandbox(self, handle: Handle) -> modal.Sandbox:
         return await called(modal.Sandbox.from_id.aio(handle.instance_id),
@@ -165,9 +169,13 @@ class ModalBackend:
         await called(sandbox.terminate.aio(), f"terminate sandbox {handle.instance_id}")
 
     async def running(self, label: str) -> list[str]:
-        """``Sandbox.list`` of the launch's tag: Modal lists only sandboxes still running."""
+        """``Sandbox.list`` of the app and the launch's tag: Modal lists only sandboxes still
+        running."""
+        what = f"list sandboxes tagged {LABEL}={label}"
+        app = await self._app(what)
 
         async def listed() -> list[str]:
-            return [sb.object_id async for sb in modal.Sandbox.list.aio(tags={LABEL: label})]
+            return [sb.object_id async for sb in
+                    modal.Sandbox.list.aio(app_id=app.app_id, tags={LABEL: label})]
 
-        return await called(listed(), f"list sandboxes tagged {LABEL}={label}")
+        return await called(listed(), what)
