@@ -50,7 +50,7 @@ REFUSALS: tuple[tuple[type[Exception], str], ...] = (
 def translate(exc: Exception, what: str, refused: type[LaunchError]) -> LaunchError:
     """The LaunchError for a failed ``what``: ``refused`` for a refusal, else BackendAPIError
     (a server error or a dropped connection, which the client retried already)."""
-    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    said = " ".join(str(exc).split()) or type(exc).__name__
     for kind, meaning in REFUSALS:
         if isinstance(exc, kind):
             return refused(f"{BACKEND} {what}: {meaning} ({said})")
