@@ -1,7 +1,7 @@
 """A stand-in for Modal's control plane: a grpclib server implementing, from the protocol
 definitions the ``modal`` client ships (``modal_proto/api_pb2.py`` and ``api_grpc.py`` of
 modal 1.6.4), only the ``modal.client.ModalClient`` calls the ``modal`` launch adapter makes,
-as modal-client's own test servicer does (``MockClientServicer`` in its tests/conftest.py, a
+as modal-client's own test servicer does (``MockClientServicer`` in its test/conftest.py, a
 ``ModalClientBase`` subclass served by grpclib on a local port the client reaches through
 ``MODAL_SERVER_URL``). Every other call answers UNIMPLEMENTED.
 
