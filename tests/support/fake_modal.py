@@ -37,7 +37,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import string
 import sys
 import time
@@ -49,7 +48,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 from modal_proto import api_grpc, api_pb2
-from tests.support.fake_hf_jobs import _descendants
+from tests.support.fake_hf_jobs import end_container
 
 TOKEN_ID = "ak-traindtestfake0000000000"
 TOKEN_SECRET = "as-traindtestfake0000000000"
@@ -185,13 +184,7 @@ class FakeModal:
             box.result = api_pb2.GenericResult(status=status)
             box.note()
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(box.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(box.proc.wait(), self.grace)
-        for pid in [box.proc.pid, *_descendants(box.proc.pid)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        await end_container(box.proc, self.grace)
 
 
 def _servicer(fake: FakeModal) -> api_grpc.ModalClientBase:
