@@ -34,7 +34,9 @@ CODES = {0: JobState.COMPLETED, 124: JobState.TIMEOUT, 137: JobState.CANCELLED}
 """The return codes modal's client gives a sandbox that completed, that its timeout ended and
 that was terminated (``_result_returncode`` in modal/sandbox/_common.py)."""
 LOG_IDLE = 2.0
-"""Without ``follow``, the log so far: stdout read until it stays quiet this long (s)."""
+LOG_SPAN = 15.0
+"""The log so far: stdout read until it stays quiet LOG_IDLE seconds, or for LOG_SPAN seconds
+at most (a sandbox that prints without pause); Modal's stream has no end before the sandbox's."""
 REFUSALS: tuple[tuple[type[Exception], str], ...] = (
     (mx.AuthError, "Modal refused the token: set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET to a "
                    "valid token (modal token new)"),
@@ -122,7 +124,8 @@ class ModalBackend:
         self, handle: Handle, follow: bool, tail: int | None = None
     ) -> AsyncIterator[str]:
         """The sandbox's stdout, line by line: what is there (read until it stays quiet for
-        LOG_IDLE seconds; the last ``tail``), then with ``follow`` every line until its end."""
+        LOG_IDLE seconds, LOG_SPAN at most; the last ``tail``), then with ``follow`` every line
+        until its end."""
         sandbox = await self._sandbox(handle)
         queue: asyncio.Queue[str | Exception | None] = asyncio.Queue()
 
@@ -145,9 +148,10 @@ class ModalBackend:
         try:
             there: list[str] = []
             ended = False
-            while True:
+            until = time.monotonic() + LOG_SPAN
+            while (left := until - time.monotonic()) > 0:
                 try:
-                    line = await taken(LOG_IDLE)
+                    line = await taken(min(LOG_IDLE, left))
                 except TimeoutError:
                     break
                 if line is None:
