@@ -289,14 +289,20 @@ class FakeHFJobs:
             job.stage, job.finished = stage, time.time()
             job.note()
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.proc.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(job.proc.wait(), self.grace)
-        for pid in [job.proc.pid, *_descendants(job.proc.pid)]:  # the container goes, all of it
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        await end_container(job.proc, self.grace)
         # _run sets the stage once the output is drained
+
+
+async def end_container(proc: asyncio.subprocess.Process, grace: float) -> None:
+    """SIGTERM to ``proc``'s process group, then after ``grace`` SIGKILL to it and every
+    process below it: the container goes, all of it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), grace)
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -206,41 +206,66 @@ EnvNames = Annotated[tuple[str, ...], AfterValidator(_env_names)]
 """Names of environment variables whose values go to a job as its secrets."""
 
 
-class HFJobsSection(Section):
+class JobSection(Section):
+    """What every container-job platform's table has: the image (with traind in it), the
+    timeout, the names of the environment variables passed on as platform secrets, labels,
+    the traind command in the image, and how the launch polls."""
+
+    image: str = ""
+    timeout: Duration = 1800.0
+    secrets: EnvNames = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    traind: str = "traind"
+    poll_interval: Duration = 5.0
+    cancel_timeout: Duration = 120.0
+
+    def hardware(self) -> str:
+        """The platform's name for the hardware asked for (a flavor, a GPU)."""
+        raise NotImplementedError
+
+
+class HFJobsSection(JobSection):
     """``[hf_jobs]``: Hugging Face Jobs through huggingface_hub's Jobs API. The API token is
     huggingface_hub's own (``$HF_TOKEN``, else ``hf auth login``'s file); ``endpoint`` empty
     means ``$HF_ENDPOINT``, else huggingface.co."""
 
-    image: str = ""
     flavor: str = "cpu-basic"
-    timeout: Duration = 1800.0
     namespace: str = ""
     secrets: EnvNames = ("HF_TOKEN",)
-    labels: dict[str, str] = Field(default_factory=dict)
-    traind: str = "traind"
     endpoint: str = ""
-    poll_interval: Duration = 5.0
-    cancel_timeout: Duration = 120.0
     retries: int = Field(default=4, ge=0)
     backoff_initial: Duration = 1.0
     backoff_max: Duration = 20.0
 
+    def hardware(self) -> str:
+        """The Jobs flavor."""
+        return self.flavor
 
 
-class DockerSection(Section):
+class ModalSection(JobSection):
+    """``[modal]``: a Modal Sandbox through the official ``modal`` client. Its token is the
+    client's own (``$MODAL_TOKEN_ID`` and ``$MODAL_TOKEN_SECRET``, else ``modal token set``'s
+    file); ``gpu`` in Modal's words (``"H100"``, ``"A100-80GB:2"``), empty for none."""
+
+    gpu: str = ""
+    app: str = "traind"
+    environment: str = ""
+
+    def hardware(self) -> str:
+        """The GPU string."""
+        return self.gpu
+
+
+class DockerSection(JobSection):
     """``[docker]``: a Docker Engine through its REST API (aiodocker). ``host`` empty means
     ``$DOCKER_HOST``, else ``unix:///var/run/docker.sock``. Docker has no secret store for
     plain containers: ``secrets`` reach the container as environment variables. ``gpus`` is
     a count or ``"all"`` (DeviceRequests, driver nvidia); ``network`` a Docker network mode;
     ``mounts`` are ``"host path:container path"`` bind mounts (a local store's directory)."""
 
-    image: str = ""
     flavor: str = ""
     gpus: int | Literal["all"] = 0
     timeout: Duration = 0.0
-    secrets: EnvNames = ()
-    labels: dict[str, str] = Field(default_factory=dict)
-    traind: str = "traind"
     host: str = ""
     network: str = "host"
     mounts: tuple[str, ...] = ()
@@ -255,6 +280,9 @@ class DockerSection(Section):
             raise ValueError(f'gpus = {v}: a count (0 for none) or "all"')
         return v
 
+    def hardware(self) -> str:
+        """The flavor named in the table (a label: the engine has no flavors)."""
+        return self.flavor
 
 
 class SSHHost(Section):
@@ -291,7 +319,7 @@ class LaunchConfig(Section):
 
     name: str
     backend: Literal["local", "ssh", "vast", "runpod", "lambda", "nebius", "hf-jobs",
-                     "docker"]
+                     "docker", "modal"]
     run: RunSection
     constraints: ConstraintsSection = ConstraintsSection()
     host: HostSection = HostSection()
@@ -303,6 +331,7 @@ class LaunchConfig(Section):
     nebius: NebiusSection = NebiusSection()
     hf_jobs: HFJobsSection = HFJobsSection()
     docker: DockerSection = DockerSection()
+    modal: ModalSection = ModalSection()
     ssh: SSHSection = SSHSection()
 
     @field_validator("name")
@@ -320,12 +349,15 @@ class LaunchConfig(Section):
             raise ValueError('backend = "hf-jobs" needs [hf_jobs] image (one with traind in it)')
         if self.backend == "docker" and not self.docker.image:
             raise ValueError('backend = "docker" needs [docker] image (one with traind in it)')
+        if self.backend == "modal" and not self.modal.image:
+            raise ValueError('backend = "modal" needs [modal] image (one with traind in it)')
         return self
 
-    @property
-    def jobs(self) -> HFJobsSection | DockerSection:
-        """The table of the job platform ``backend`` names (what jobflow reads)."""
-        return self.docker if self.backend == "docker" else self.hf_jobs
+    def job_section(self) -> JobSection:
+        """The table of the container-job platform ``backend`` names."""
+        tables: dict[str, JobSection] = {"hf-jobs": self.hf_jobs, "modal": self.modal,
+                                         "docker": self.docker}
+        return tables[self.backend]
 
     def remote_root(self, name: str | None = None) -> str:
         """Where this launch lives on the host: ``<run.remote_dir>/<name>``."""
@@ -337,7 +369,7 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> LaunchConfig:
     data = read_toml(path)
     data.update(overrides or {})
     for section in ("constraints", "host", "install", "pull", "vast", "runpod", "lambda",
-                    "nebius", "hf_jobs", "docker", "ssh"):
+                    "nebius", "hf_jobs", "docker", "modal", "ssh"):
         data.setdefault(section, {})  # validated here, so default paths resolve beside the file
     try:
         return LaunchConfig.model_validate(data, context={"base": path.resolve().parent})

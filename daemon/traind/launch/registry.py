@@ -19,6 +19,7 @@ BACKENDS = {
 JOB_BACKENDS = {
     "hf-jobs": "traind.launch.providers.hf_jobs.adapter:HFJobsBackend",
     "docker": "traind.launch.providers.docker.adapter:DockerBackend",
+    "modal": "traind.launch.providers.modal.adapter:ModalBackend",
 }
 """Container-job platforms: the job is the run (launch/jobs.py)."""
 
@@ -39,5 +40,5 @@ def open_backend(config: LaunchConfig, store: LaunchStore) -> HostBackend:
 
 def open_job_backend(config: LaunchConfig) -> JobBackend:
     """The job platform ``config.backend`` names, built from its section (no I/O)."""
-    backend: JobBackend = load(JOB_BACKENDS, config.backend)(config.jobs)
+    backend: JobBackend = load(JOB_BACKENDS, config.backend)(config.job_section())
     return backend

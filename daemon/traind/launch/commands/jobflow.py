@@ -52,12 +52,12 @@ class Context:
 
 def job_spec(cfg: LaunchConfig, name: str, environ: dict[str, str]) -> JobSpec:
     """The job of launch ``name``: its secrets' values from ``environ``, each one required."""
-    jobs = cfg.jobs
+    jobs = cfg.job_section()
     missing = [key for key in jobs.secrets if not environ.get(key)]
     if missing:
-        table = cfg.backend.replace("-", "_")
-        raise LaunchError(f"[{table}] secrets names {', '.join(missing)}, not set here: set it "
-                          "in the environment, or leave it out of secrets")
+        raise LaunchError(f"[{cfg.backend.replace('-', '_')}] secrets names "
+                          f"{', '.join(missing)}, not set here: set it in the environment, "
+                          "or leave it out of secrets")
     try:
         toml = cfg.run.traind_config.read_text()
     except OSError as exc:
@@ -65,7 +65,7 @@ def job_spec(cfg: LaunchConfig, name: str, environ: dict[str, str]) -> JobSpec:
     secrets = {key: environ[key] for key in jobs.secrets} | {CONFIG_SECRET: toml}
     return JobSpec(
         image=jobs.image, command=("sh", "-c", ENTRY, jobs.traind), label=name,
-        env={**cfg.run.env, "PYTHONUNBUFFERED": "1"}, secrets=secrets, flavor=jobs.flavor,
+        env={**cfg.run.env, "PYTHONUNBUFFERED": "1"}, secrets=secrets, flavor=jobs.hardware(),
         timeout=jobs.timeout, labels=jobs.labels,
     )
 
@@ -89,7 +89,7 @@ async def launch(ctx: Context, config_path: Path, name: str | None = None) -> La
             status = await poll_until(lambda: ctx.backend.inspect(handle),
                                       done=lambda s: s.state is not JobState.PENDING,
                                       within=ctx.config.host.wait_running,
-                                      every=ctx.config.jobs.poll_interval)
+                                      every=ctx.config.job_section().poll_interval)
             facts["state"] = str(status.state)
             if status.state is JobState.PENDING:
                 raise LaunchError(f"job {handle.instance_id} still waits to be scheduled "
@@ -126,11 +126,11 @@ async def _cancelled(ctx: Context, record: LaunchRecord) -> None:
     """Cancel the launch's job, then wait until the platform lists none of its jobs running."""
     await ctx.backend.cancel(record.handle)
     left = await poll_until(lambda: ctx.backend.running(record.name), done=lambda ids: not ids,
-                            within=ctx.config.jobs.cancel_timeout,
-                            every=ctx.config.jobs.poll_interval)
+                            within=ctx.config.job_section().cancel_timeout,
+                            every=ctx.config.job_section().poll_interval)
     if left:
         raise LaunchError(f"{ctx.backend.name} still lists {', '.join(left)} as running "
-                          f"{ctx.config.jobs.cancel_timeout:.0f}s after cancelling")
+                          f"{ctx.config.job_section().cancel_timeout:.0f}s after cancelling")
     log.info("launch_job_cancelled", backend=ctx.backend.name, instance=record.handle.instance_id)
 
 
@@ -154,7 +154,7 @@ async def follow(
         raise error
     status = await poll_until(lambda: ctx.backend.inspect(record.handle),
                               done=lambda s: s.state.ended, within=60,
-                              every=ctx.config.jobs.poll_interval)
+                              every=ctx.config.job_section().poll_interval)
     log.info("launch_job_ended", launch=record.name, instance=record.handle.instance_id,
              state=str(status.state), message=status.message)
     return "finished" if status.state is JobState.COMPLETED else str(status.state)

@@ -1,0 +1,1 @@
+"""Modal: the official ``modal`` client's Sandboxes behind the JobBackend adapter."""
