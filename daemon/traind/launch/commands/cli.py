@@ -11,6 +11,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,12 +142,13 @@ async def _up(args: argparse.Namespace) -> int:
                   f"traind launch logs {name} -f | status {name} | down {name}")
             return 0
         phase = "follow"
-        outcome = await ops.follow(ctx, record, detach, _print)
+        keep_up: Any = jobflow.follow_recovering if ops is jobflow else flow.follow
+        outcome = await keep_up(ctx, record, detach, _print)
         print(f"{name}: {outcome}", file=sys.stderr)
         if outcome == "finished" and ctx.config.host.on_finish == "down":
             phase = "down"
             await (jobflow if ops is jobflow else manage).down(ctx, record)
-        return 0 if outcome in ("finished", "detached", "stopped") else 1
+        return 0 if outcome in ("finished", "detached", "stopped", "taken down") else 1
     finally:
         loop.remove_signal_handler(signal.SIGINT)
 
@@ -189,6 +191,11 @@ def _fact(key: str, value: Any) -> str:
 
         size = format_size(value["bytes"]) if isinstance(value.get("bytes"), int) else "?"
         return f"{value.get('tag', '?')} ({size}) at {value.get('timestamp', '?')}"
+    if key == "recoveries" and isinstance(value, list):
+        return "".join(f"\n  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(r['at']))}Z "
+                       f"{r['state']} ({r['message'] or '-'}): from {r['checkpoint'] or 'scratch'}"
+                       f", {r['steps_lost'] if r['steps_lost'] is not None else '?'} steps lost, "
+                       f"training again {r['seconds']}s later" for r in value) or "-"
     return str(value)
 
 
