@@ -244,3 +244,42 @@ async def test_job_ended_at_its_timeout_is_reported_as_timeout(
     assert "timeout" in facts["message"].lower()
     assert any(log_event(line) for line in lines), lines
     assert fake.live() == []
+
+
+async def test_recoveries_run_out_with_a_clear_error_and_nothing_running(
+    tmp_path: Path, hf: tuple[FakeHFJobs, str], store: LaunchStore
+) -> None:
+    """Each job ended at its timeout is cancelled and replaced by the next, logged and saved;
+    after ``max_recoveries`` the launch fails naming the limit, with nothing left running."""
+    fake, url = hf
+    ctx = context(tmp_path, url, store, timeout="3s")
+    ctx = jobflow.Context(ctx.config.model_copy(update={"run": ctx.config.run.model_copy(
+        update={"max_recoveries": 2})}), ctx.backend, store)
+    with capture_logs() as logs:
+        async with asyncio.timeout(50):
+            record = await jobflow.launch(ctx, tmp_path / "l.toml")
+            with pytest.raises(LaunchError, match="max_recoveries = 2"):
+                await jobflow.follow_recovering(ctx, record, asyncio.Event(), lambda _: None)
+    recovered = [e for e in logs if e["event"] == "launch_recovered"]
+    assert [e["state"] for e in recovered] == ["timeout", "timeout"]
+    assert all(e["seconds"] >= 0 and "timeout" in e["message"].lower() for e in recovered)
+    assert len(fake.jobs) == 3
+    assert fake.live() == []
+    assert len(store.load("hj").recoveries) == 2
+
+
+async def test_down_during_recovery_starts_no_new_job(
+    tmp_path: Path, hf: tuple[FakeHFJobs, str], store: LaunchStore
+) -> None:
+    """A launch taken down (its record removed by ``down`` elsewhere) while its job ends is
+    not recovered: the follower stops with "taken down" and submits nothing more."""
+    fake, url = hf
+    ctx = context(tmp_path, url, store, timeout="3s")
+    async with asyncio.timeout(40):
+        record = await jobflow.launch(ctx, tmp_path / "l.toml")
+        following = asyncio.create_task(
+            jobflow.follow_recovering(ctx, record, asyncio.Event(), lambda _: None))
+        await jobflow.down(ctx, record, pull_first=False)
+        assert await following == "taken down"
+    assert len(fake.jobs) == 1
+    assert fake.live() == []
