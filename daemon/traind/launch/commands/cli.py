@@ -142,8 +142,7 @@ async def _up(args: argparse.Namespace) -> int:
                   f"traind launch logs {name} -f | status {name} | down {name}")
             return 0
         phase = "follow"
-        keep_up: Any = jobflow.follow_recovering if ops is jobflow else flow.follow
-        outcome = await keep_up(ctx, record, detach, _print)
+        outcome = await ops.follow_recovering(ctx, record, detach, _print)
         print(f"{name}: {outcome}", file=sys.stderr)
         if outcome == "finished" and ctx.config.host.on_finish == "down":
             phase = "down"
