@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -283,3 +285,55 @@ async def test_down_during_recovery_starts_no_new_job(
         assert await following == "taken down"
     assert len(fake.jobs) == 1
     assert fake.live() == []
+
+
+def _trained_steps(state_dir: Path) -> list[int]:
+    """The steps the tiny trainer printed into traind's trainer logs under ``state_dir``."""
+    return [int(m.group(1)) for log in state_dir.rglob("*.log") if log.is_file()
+            for m in re.finditer(r"\bstep=(\d+) loss=", log.read_text(errors="replace"))]
+
+
+@pytest.mark.timeout(420)
+async def test_a_run_outlives_two_ended_jobs(
+    tmp_path: Path, hf: tuple[FakeHFJobs, str], store: LaunchStore
+) -> None:
+    """A job preempted and one timed out mid-training (each with a fresh disk) are replaced:
+    the next restores the newest committed checkpoint, the run ends with the trainer's exit 0,
+    no step trained more than once again since that checkpoint, nothing left running."""
+    need_module("trl")
+    fake, url = hf
+    fake.scheduling = 3.0  # the test wipes the ended job's disk before the next one starts
+    remote = tmp_path / "remote"
+    launch_toml = project(tmp_path, max_steps=10, backend_toml=(
+        'backend = "hf-jobs"\n\n[hf_jobs]\nimage = "traind:test"\npoll_interval = "200ms"\n'))
+    config = tmp_path / "project" / "traind.toml"
+    config.write_text(config.read_text().replace('"--step-sleep"', '"--resume", "--step-sleep"'))
+    env = {**os.environ, "HF_ENDPOINT": url}
+    launcher = Launcher("-c", str(launch_toml), env=env)
+    trained: list[int] = []
+    try:
+        for target, (stage, message) in zip((3, 7), (("ERROR", "Job was preempted"),
+                                                     ("ERROR", "Job timeout: it ran 60 seconds")),
+                                            strict=True):
+            await asyncio.to_thread(launcher.wait_out, lambda ln, t=target: committed(ln, t), 200)
+            (job_id,) = fake.live()
+            await fake.end(job_id, stage, message)
+            trained += _trained_steps(remote / "state")
+            shutil.rmtree(remote / "out")
+            shutil.rmtree(remote / "state")
+        assert await asyncio.to_thread(launcher.wait, 240) == 0, launcher.tail()
+        trained += _trained_steps(remote / "state")
+        assert len(fake.jobs) == 3
+        assert fake.live() == []
+        recovered = [e for e in launcher.events() if e.get("event") == "launch_recovered"]
+        assert len(recovered) == 2
+        counts = {s: trained.count(s) for s in set(trained)}
+        for e in recovered:
+            print(f"recovery: {e['state']} ({e['message']}) from {e['checkpoint']}, "
+                  f"steps_lost={e['steps_lost']}, seconds_to_running={e['seconds']}")
+        print(f"step trainings: {counts}")
+        assert sorted(counts) == list(range(1, 11)), counts
+        assert all(n <= 2 for n in counts.values()), counts
+    finally:
+        launcher.kill()
+        await fake.stop_all()
