@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +14,13 @@ from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
-from tests.integration.launch.lifecycle import Launcher, committed, project, trainer_pids
+from tests.integration.launch.lifecycle import (
+    Launcher,
+    committed,
+    project,
+    trained_steps,
+    trainer_pids,
+)
 from tests.support.fake_cloud import Serving
 from tests.support.fake_hf_jobs import NAMESPACE, TOKEN, FakeHFJobs
 from tests.support.requires import need_module
@@ -287,12 +292,6 @@ async def test_down_during_recovery_starts_no_new_job(
     assert fake.live() == []
 
 
-def _trained_steps(state_dir: Path) -> list[int]:
-    """The steps the tiny trainer printed into traind's trainer logs under ``state_dir``."""
-    return [int(m.group(1)) for log in state_dir.rglob("*.log") if log.is_file()
-            for m in re.finditer(r"\bstep=(\d+) loss=", log.read_text(errors="replace"))]
-
-
 @pytest.mark.timeout(420)
 async def test_a_run_outlives_two_ended_jobs(
     tmp_path: Path, hf: tuple[FakeHFJobs, str], store: LaunchStore
@@ -318,11 +317,11 @@ async def test_a_run_outlives_two_ended_jobs(
             await asyncio.to_thread(launcher.wait_out, lambda ln, t=target: committed(ln, t), 200)
             (job_id,) = fake.live()
             await fake.end(job_id, stage, message)
-            trained += _trained_steps(remote / "state")
+            trained += trained_steps(remote / "state")
             shutil.rmtree(remote / "out")
             shutil.rmtree(remote / "state")
         assert await asyncio.to_thread(launcher.wait, 240) == 0, launcher.tail()
-        trained += _trained_steps(remote / "state")
+        trained += trained_steps(remote / "state")
         assert len(fake.jobs) == 3
         assert fake.live() == []
         recovered = [e for e in launcher.events() if e.get("event") == "launch_recovered"]

@@ -304,7 +304,9 @@ async def follow_recovering(
 
         state = await follow(ctx, current, detach, sink)
         host = await ctx.backend.status(current.handle) if state in ("stopped", "gone") else None
-        return progress.ending(state, host.message or f"host {host.state}" if host else "")
+        why = "" if host is None else (f"traind ended before run_complete; the provider "
+                                       f"lists the host {host.state}: {host.message or '-'}")
+        return progress.ending(state, why)
 
     async def replace(old: LaunchRecord) -> LaunchRecord:
         await _destroyed(ctx, old)
