@@ -146,8 +146,8 @@ async def _up(args: argparse.Namespace) -> int:
         print(f"{name}: {outcome}", file=sys.stderr)
         if outcome == "finished" and ctx.config.host.on_finish == "down":
             phase = "down"
-            await (jobflow if ops is jobflow else manage).down(ctx, record)
-        return 0 if outcome in ("finished", "detached", "stopped", "taken down") else 1
+            await (jobflow if ops is jobflow else manage).down(ctx, store.load(name))
+        return 0 if outcome in ("finished", "detached", "taken down") else 1
     finally:
         loop.remove_signal_handler(signal.SIGINT)
 
