@@ -96,7 +96,7 @@ class Progress:
 
 
 WaitEnd = Callable[[LaunchRecord], Awaitable[Ending]]
-Replace = Callable[[LaunchRecord], Awaitable[LaunchRecord]]
+Replace = Callable[[LaunchRecord], Awaitable[LaunchRecord | None]]
 
 
 async def follow_recovering(
@@ -105,7 +105,8 @@ async def follow_recovering(
 ) -> str:
     """Follow ``record`` until its trainer finishes, recovering up to ``max_recoveries`` times:
     "finished", "detached", "taken down", or raise LaunchError when the recoveries ran out.
-    ``replace`` ends the old job/host (nothing left billed) and starts and saves the next."""
+    ``replace`` ends the old job/host (nothing left billed) and starts and saves the next, or
+    returns None when the launch was taken down meanwhile."""
     recoveries = len(record.recoveries)
     while True:
         ending = await wait_end(record)
@@ -118,6 +119,8 @@ async def follow_recovering(
         log.warning("launch_recovering", launch=record.name, instance=record.handle.instance_id,
                     state=ending.state, message=ending.message, recovery=recoveries + 1)
         new = await replace(record)
+        if new is None:
+            return "taken down"
         recoveries += 1
         entry = {
             "at": time.time(), "state": ending.state, "message": ending.message,

@@ -308,10 +308,10 @@ async def follow_recovering(
                                        f"lists the host {host.state}: {host.message or '-'}")
         return progress.ending(state, why)
 
-    async def replace(old: LaunchRecord) -> LaunchRecord:
+    async def replace(old: LaunchRecord) -> LaunchRecord | None:
         await _destroyed(ctx, old)
         if not ctx.store.exists(old.name):
-            raise LaunchError(f"launch {old.name} was taken down while recovering")
+            return None
         return await _provisioned(ctx, Path(old.config_path), old.name)
 
     try:

@@ -157,10 +157,10 @@ async def follow_recovering(
     and run the next one with the same spec (it restores the newest committed checkpoint), up
     to ``run.max_recoveries`` times. "finished", "detached" or "taken down" (by ``down``)."""
 
-    async def replace(old: LaunchRecord) -> LaunchRecord:
+    async def replace(old: LaunchRecord) -> LaunchRecord | None:
         await _cancelled(ctx, old)
         if not ctx.store.exists(old.name):
-            raise LaunchError(f"launch {old.name} was taken down while recovering")
+            return None
         return await _started(ctx, old)
 
     try:
