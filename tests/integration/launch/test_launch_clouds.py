@@ -353,7 +353,7 @@ async def test_a_run_outlives_two_killed_hosts(
         assert len(recovered) == 2
         assert cloud.created() == 3
         assert len(cloud.live()) == 1  # the last host, kept (on_finish = "keep")
-        assert sorted(counts) == list(range(1, 11)), counts
+        assert set(range(1, 11)) <= set(counts), counts
         assert all(n <= 2 for n in counts.values()), counts
     finally:
         launcher.kill()

@@ -331,7 +331,7 @@ async def test_a_run_outlives_two_ended_jobs(
             print(f"recovery: {e['state']} ({e['message']}) from {e['checkpoint']}, "
                   f"steps_lost={e['steps_lost']}, seconds_to_running={e['seconds']}")
         print(f"step trainings: {counts}")
-        assert sorted(counts) == list(range(1, 11)), counts
+        assert set(range(1, 11)) <= set(counts), counts
         assert all(n <= 2 for n in counts.values()), counts
     finally:
         launcher.kill()
