@@ -136,6 +136,11 @@ class FakeHFJobs:
         """Jobs scheduling or running (what is billed)."""
         return [j.id for j in self.jobs.values() if j.stage in LIVE]
 
+    async def end(self, job_id: str, stage: str, message: str) -> None:
+        """End a running job as the platform does at a timeout or a preemption: inspect then
+        reports ``stage`` and ``message``."""
+        await self._stop(self.jobs[job_id], stage, message)
+
     async def stop_all(self) -> None:
         """End every job's process (cleanup)."""
         for job in self.jobs.values():

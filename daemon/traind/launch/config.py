@@ -73,6 +73,7 @@ class RunSection(Section):
     excludes: tuple[str, ...] = (".git", "__pycache__", "*.pyc", ".venv", ".mypy_cache")
     includes: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    max_recoveries: int = Field(default=3, ge=0)
 
     @field_validator("remote_dir")
     @classmethod

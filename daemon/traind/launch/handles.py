@@ -41,6 +41,8 @@ class LaunchRecord:
     service: str = ""
     python: str = ""
     created_at: float = 0.0
+    recoveries: tuple[dict[str, Any], ...] = ()
+    """One entry per job/host replaced after it ended early (see ``launch.recovery``)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -49,7 +51,8 @@ class LaunchRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaunchRecord:
         """The inverse of ``to_json``."""
-        return cls(**{**data, "handle": Handle.from_json(data["handle"])})
+        return cls(**{**data, "handle": Handle.from_json(data["handle"]),
+                      "recoveries": tuple(data.get("recoveries", ()))})
 
     def with_(self, **changes: Any) -> LaunchRecord:
         """A copy with ``changes``."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,6 +99,12 @@ def kill_traind(remote: Path) -> None:
     for pid in trainer_pids(remote / "out"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def trained_steps(state_dir: Path) -> list[int]:
+    """The steps the tiny trainer printed into traind's trainer logs under ``state_dir``."""
+    return [int(m.group(1)) for log in state_dir.rglob("*.log") if log.is_file()
+            for m in re.finditer(r"\bstep=(\d+) loss=", log.read_text(errors="replace"))]
 
 
 def trainer_pids(output_dir: Path) -> list[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from tests.integration.launch.lifecycle import (
     committed,
     job_config,
     project,
+    trained_steps,
     trainer_pids,
 )
 from tests.support.fake_cloud import Serving
@@ -241,3 +243,88 @@ async def test_job_ended_at_its_timeout_is_reported_as_timeout(
     assert "timeout" in facts["message"].lower()
     assert any(log_event(line) for line in lines), lines
     assert fake.live() == []
+
+
+async def test_recoveries_run_out_with_a_clear_error_and_nothing_running(
+    tmp_path: Path, hf: tuple[FakeHFJobs, str], store: LaunchStore
+) -> None:
+    """Each job ended at its timeout is cancelled and replaced by the next, logged and saved;
+    after ``max_recoveries`` the launch fails naming the limit, with nothing left running."""
+    fake, url = hf
+    ctx = context(tmp_path, url, store, timeout="3s")
+    ctx = jobflow.Context(ctx.config.model_copy(update={"run": ctx.config.run.model_copy(
+        update={"max_recoveries": 2})}), ctx.backend, store)
+    with capture_logs() as logs:
+        async with asyncio.timeout(50):
+            record = await jobflow.launch(ctx, tmp_path / "l.toml")
+            with pytest.raises(LaunchError, match="max_recoveries = 2"):
+                await jobflow.follow_recovering(ctx, record, asyncio.Event(), lambda _: None)
+    recovered = [e for e in logs if e["event"] == "launch_recovered"]
+    assert [e["state"] for e in recovered] == ["timeout", "timeout"]
+    assert all(e["seconds"] >= 0 and "timeout" in e["message"].lower() for e in recovered)
+    assert len(fake.jobs) == 3
+    assert fake.live() == []
+    assert len(store.load("hj").recoveries) == 2
+
+
+async def test_down_during_recovery_starts_no_new_job(
+    tmp_path: Path, hf: tuple[FakeHFJobs, str], store: LaunchStore
+) -> None:
+    """A launch taken down (its record removed by ``down`` elsewhere) while its job ends is
+    not recovered: the follower stops with "taken down" and submits nothing more."""
+    fake, url = hf
+    ctx = context(tmp_path, url, store, timeout="3s")
+    async with asyncio.timeout(40):
+        record = await jobflow.launch(ctx, tmp_path / "l.toml")
+        following = asyncio.create_task(
+            jobflow.follow_recovering(ctx, record, asyncio.Event(), lambda _: None))
+        await jobflow.down(ctx, record, pull_first=False)
+        assert await following == "taken down"
+    assert len(fake.jobs) == 1
+    assert fake.live() == []
+
+
+@pytest.mark.timeout(420)
+async def test_a_run_outlives_two_ended_jobs(
+    tmp_path: Path, hf: tuple[FakeHFJobs, str], store: LaunchStore
+) -> None:
+    """A job preempted and one timed out mid-training (each with a fresh disk) are replaced:
+    the next restores the newest committed checkpoint, the run ends with the trainer's exit 0,
+    no step trained more than once again since that checkpoint, nothing left running."""
+    need_module("trl")
+    fake, url = hf
+    fake.scheduling = 3.0  # the test wipes the ended job's disk before the next one starts
+    remote = tmp_path / "remote"
+    launch_toml = project(tmp_path, max_steps=10, backend_toml=(
+        'backend = "hf-jobs"\n\n[hf_jobs]\nimage = "traind:test"\npoll_interval = "200ms"\n'))
+    config = tmp_path / "project" / "traind.toml"
+    config.write_text(config.read_text().replace('"--step-sleep"', '"--resume", "--step-sleep"'))
+    env = {**os.environ, "HF_ENDPOINT": url}
+    launcher = Launcher("-c", str(launch_toml), env=env)
+    trained: list[int] = []
+    try:
+        for target, (stage, message) in zip((3, 7), (("ERROR", "Job was preempted"),
+                                                     ("ERROR", "Job timeout: it ran 60 seconds")),
+                                            strict=True):
+            await asyncio.to_thread(launcher.wait_out, lambda ln, t=target: committed(ln, t), 200)
+            (job_id,) = fake.live()
+            await fake.end(job_id, stage, message)
+            trained += trained_steps(remote / "state")
+            shutil.rmtree(remote / "out")
+            shutil.rmtree(remote / "state")
+        assert await asyncio.to_thread(launcher.wait, 240) == 0, launcher.tail()
+        trained += trained_steps(remote / "state")
+        assert len(fake.jobs) == 3
+        assert fake.live() == []
+        recovered = [e for e in launcher.events() if e.get("event") == "launch_recovered"]
+        assert len(recovered) == 2
+        counts = {s: trained.count(s) for s in set(trained)}
+        for e in recovered:
+            print(f"recovery: {e['state']} ({e['message']}) from {e['checkpoint']}, "
+                  f"steps_lost={e['steps_lost']}, seconds_to_running={e['seconds']}")
+        print(f"step trainings: {counts}")
+        assert set(range(1, 11)) <= set(counts), counts
+        assert all(n <= 2 for n in counts.values()), counts
+    finally:
+        launcher.kill()
+        await fake.stop_all()

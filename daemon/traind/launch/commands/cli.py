@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,12 +142,12 @@ async def _up(args: argparse.Namespace) -> int:
                   f"traind launch logs {name} -f | status {name} | down {name}")
             return 0
         phase = "follow"
-        outcome = await ops.follow(ctx, record, detach, _print)
+        outcome = await ops.follow_recovering(ctx, record, detach, _print)
         print(f"{name}: {outcome}", file=sys.stderr)
         if outcome == "finished" and ctx.config.host.on_finish == "down":
             phase = "down"
-            await (jobflow if ops is jobflow else manage).down(ctx, record)
-        return 0 if outcome in ("finished", "detached", "stopped") else 1
+            await (jobflow if ops is jobflow else manage).down(ctx, store.load(name))
+        return 0 if outcome in ("finished", "detached", "taken down") else 1
     finally:
         loop.remove_signal_handler(signal.SIGINT)
 
@@ -189,6 +190,11 @@ def _fact(key: str, value: Any) -> str:
 
         size = format_size(value["bytes"]) if isinstance(value.get("bytes"), int) else "?"
         return f"{value.get('tag', '?')} ({size}) at {value.get('timestamp', '?')}"
+    if key == "recoveries" and isinstance(value, list):
+        return "".join(f"\n  {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(r['at']))}Z "
+                       f"{r['state']} ({r['message'] or '-'}): from {r['checkpoint'] or 'scratch'}"
+                       f", {r['steps_lost'] if r['steps_lost'] is not None else '?'} steps lost, "
+                       f"training again {r['seconds']}s later" for r in value) or "-"
     return str(value)
 
 

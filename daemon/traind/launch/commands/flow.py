@@ -21,7 +21,8 @@ from typing import Any
 import structlog
 
 import traind
-from traind.launch.base import Handle, HostBackend, LineSink, RemoteResult
+from traind.launch import recovery
+from traind.launch.base import Handle, HostBackend, HostState, LineSink, RemoteResult
 from traind.launch.config import LaunchConfig
 from traind.launch.errors import (
     HostUnreachableError,
@@ -39,6 +40,8 @@ REACH_INTERVAL = 2.0
 """Seconds between tries of a host that does not answer yet."""
 FINISHED_EVENTS = frozenset({"run_complete"})
 """traind log events after which the run is over: trained, and every checkpoint committed."""
+ENDED = frozenset({HostState.DESTROYED, HostState.STOPPED})
+"""Host states, as the provider lists them, in which the run cannot go on."""
 
 
 @dataclass(frozen=True)
@@ -94,11 +97,17 @@ async def run_for_line(ctx: Context, handle: Handle, command: str, what: str) ->
 
 async def launch(ctx: Context, config_path: Path, name: str | None = None) -> LaunchRecord:
     """Bring traind up on a new host and return the saved launch (not yet followed)."""
-    cfg, name = ctx.config, name or ctx.config.name
+    name = name or ctx.config.name
     if ctx.store.exists(name):
         raise LaunchError(
             f"a launch named {name!r} exists already: traind launch down {name}, or pick --name"
         )
+    return await _provisioned(ctx, config_path, name)
+
+
+async def _provisioned(ctx: Context, config_path: Path, name: str) -> LaunchRecord:
+    """Search, provision, save and bring traind up on a new host for launch ``name``."""
+    cfg = ctx.config
     public_key = _public_key(cfg)
     async with step("search", name, backend=ctx.backend.name) as facts:
         offers = await ctx.backend.search_offers(cfg.constraints.to_constraints())
@@ -248,8 +257,9 @@ def log_event(line: str) -> str | None:
 async def follow(
     ctx: Context, record: LaunchRecord, detach: asyncio.Event, out: LineSink, lines: int = 50
 ) -> str:
-    """Print traind's log lines until the run finishes ("finished"), traind stops ("stopped")
-    or ``detach`` is set ("detached", the run goes on). A dropped connection is retried."""
+    """Print traind's log lines until the run finishes ("finished"), traind stops ("stopped"),
+    the provider says the unreachable host ended ("gone"), or ``detach`` is set ("detached",
+    the run goes on). A dropped connection to a host still there is retried."""
     finished = asyncio.Event()
 
     def sink(line: str) -> None:
@@ -272,6 +282,8 @@ async def follow(
             return "finished"
         error = None if tail.cancelled() else tail.exception()
         if isinstance(error, HostUnreachableError):
+            if (await ctx.backend.status(record.handle)).state in ENDED:
+                return "gone"
             log.warning("launch_follow_reconnecting", launch=record.name, error=str(error))
             await asyncio.sleep(5)
         elif error is not None:
@@ -281,6 +293,52 @@ async def follow(
         else:
             await asyncio.sleep(1)
         lines = 0
+
+
+async def follow_recovering(
+    ctx: Context, record: LaunchRecord, detach: asyncio.Event, out: LineSink
+) -> str:
+    """Follow as ``follow`` does; when traind stopped before the run completed or the host is
+    gone, destroy the host and bring traind up on a new one (it restores the newest committed
+    checkpoint), up to ``run.max_recoveries`` times."""
+
+    async def wait_end(current: LaunchRecord) -> recovery.Ending:
+        progress = recovery.Progress()
+
+        def sink(line: str) -> None:
+            progress.see(line)
+            out(line)
+
+        state = await follow(ctx, current, detach, sink)
+        host = await ctx.backend.status(current.handle) if state in ("stopped", "gone") else None
+        why = "" if host is None else (f"traind ended before run_complete; the provider "
+                                       f"lists the host {host.state}: {host.message or '-'}")
+        return progress.ending(state, why)
+
+    async def replace(old: LaunchRecord) -> LaunchRecord | None:
+        await _destroyed(ctx, old)
+        if not ctx.store.exists(old.name):
+            return None
+        return await _provisioned(ctx, Path(old.config_path), old.name)
+
+    try:
+        return await recovery.follow_recovering(ctx.store, record, ctx.config.run.max_recoveries,
+                                                wait_end, replace)
+    except LaunchError:
+        if ctx.store.exists(record.name):
+            await _destroyed(ctx, ctx.store.load(record.name))
+        raise
+
+
+async def _destroyed(ctx: Context, record: LaunchRecord) -> None:
+    """Stop traind and destroy the host; confirm through the provider that it is gone."""
+    async with asyncio.timeout(120):
+        await asyncio.shield(_teardown_after_failure(ctx, record))
+    host = await ctx.backend.status(record.handle)
+    if host.state not in ENDED:
+        raise LaunchError(f"{ctx.backend.name} still lists {record.handle.instance_id} as "
+                          f"{host.state} after destroying it")
+    log.info("launch_host_destroyed", launch=record.name, instance=record.handle.instance_id)
 
 
 async def service_active(ctx: Context, record: LaunchRecord) -> bool:

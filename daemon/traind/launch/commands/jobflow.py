@@ -24,7 +24,8 @@ from typing import Any
 
 import structlog
 
-from traind.launch.base import LineSink
+from traind.launch import recovery
+from traind.launch.base import Handle, LineSink
 from traind.launch.commands.flow import first_done, log_event, step
 from traind.launch.commands.manage import last_commit
 from traind.launch.config import LaunchConfig
@@ -77,13 +78,20 @@ async def launch(ctx: Context, config_path: Path, name: str | None = None) -> La
         raise LaunchError(
             f"a launch named {name!r} exists already: traind launch down {name}, or pick --name"
         )
+    return await _started(ctx, LaunchRecord(name, str(config_path.resolve()),
+                                            Handle(ctx.backend.name, "", name),
+                                            "", service="job", created_at=time.time()))
+
+
+async def _started(ctx: Context, record: LaunchRecord) -> LaunchRecord:
+    """Submit ``record``'s job, save the record with its handle, and wait until it runs."""
+    name = record.name
     spec = job_spec(ctx.config, name, dict(os.environ))
     async with step("submit", name, backend=ctx.backend.name, image=spec.image,
                     flavor=spec.flavor) as facts:
         handle = await ctx.backend.submit(spec)
         facts["instance"] = handle.instance_id
-    record = ctx.store.save(LaunchRecord(name, str(config_path.resolve()), handle, "",
-                                         service="job", created_at=time.time()))
+    record = ctx.store.save(record.with_(handle=handle))
     try:
         async with step("wait_running", name, instance=handle.instance_id) as facts:
             status = await poll_until(lambda: ctx.backend.inspect(handle),
@@ -140,16 +148,49 @@ async def follow(
 ) -> str:
     """Print the job's log (its last ``lines``, else all) until the job ends — "finished" when
     it completed, else why it ended — or ``detach`` is set ("detached", the job goes on)."""
+    return (await _ending(ctx, record, detach, out, lines)).state
+
+
+async def follow_recovering(
+    ctx: Context, record: LaunchRecord, detach: asyncio.Event, out: LineSink
+) -> str:
+    """Follow the job as ``follow`` does; when it ends before its trainer finished, cancel it
+    and run the next one with the same spec (it restores the newest committed checkpoint), up
+    to ``run.max_recoveries`` times. "finished", "detached" or "taken down" (by ``down``)."""
+
+    async def replace(old: LaunchRecord) -> LaunchRecord | None:
+        await _cancelled(ctx, old)
+        if not ctx.store.exists(old.name):
+            return None
+        return await _started(ctx, old)
+
+    try:
+        return await recovery.follow_recovering(
+            ctx.store, record, ctx.config.run.max_recoveries,
+            lambda r: _ending(ctx, r, detach, out), replace)
+    except LaunchError:
+        if ctx.store.exists(record.name):
+            await child.uninterrupted(_cancelled(ctx, ctx.store.load(record.name)))
+        raise
+
+
+async def _ending(
+    ctx: Context, record: LaunchRecord, detach: asyncio.Event, out: LineSink,
+    lines: int | None = None,
+) -> recovery.Ending:
+    """Print the job's log until it ends or ``detach`` is set; how it ended."""
+    progress = recovery.Progress()
 
     async def read() -> None:
         async for line in ctx.backend.logs(record.handle, follow=True, tail=lines):
+            progress.see(line)
             out(line)
 
     reader, _ = await first_done(read(), detach.wait())
     if detach.is_set():
         log.info("launch_detached", launch=record.name,
                  hint=f"the job goes on; traind launch logs {record.name} -f to follow again")
-        return "detached"
+        return progress.ending("detached", "")
     if (error := reader.exception()) is not None:
         raise error
     status = await poll_until(lambda: ctx.backend.inspect(record.handle),
@@ -157,7 +198,8 @@ async def follow(
                               every=ctx.config.job_section().poll_interval)
     log.info("launch_job_ended", launch=record.name, instance=record.handle.instance_id,
              state=str(status.state), message=status.message)
-    return "finished" if status.state is JobState.COMPLETED else str(status.state)
+    state = "finished" if status.state is JobState.COMPLETED else str(status.state)
+    return progress.ending(state, status.message)
 
 
 async def status(ctx: Context, record: LaunchRecord) -> dict[str, Any]:
@@ -170,6 +212,7 @@ async def status(ctx: Context, record: LaunchRecord) -> dict[str, Any]:
         "instance": record.handle.instance_id, "state": str(job.state), "message": job.message,
         "flavor": job.flavor, "url": job.url, "running_seconds": job.running_seconds,
         "last_commit": last_commit(commits[-1]) if commits else None,
+        "recoveries": list(record.recoveries),
     }
 
 

@@ -40,6 +40,7 @@ async def status(ctx: Context, record: LaunchRecord) -> dict[str, Any]:
         "endpoint": str(host.endpoint) if host.endpoint else None,
         "price_per_hour": record.handle.price_per_hour, "message": host.message,
         "service": record.service or None, "traind": "unknown", "last_commit": None,
+        "recoveries": list(record.recoveries),
     }
     if host.state is HostState.RUNNING and record.service:
         try:

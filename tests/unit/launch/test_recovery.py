@@ -1,0 +1,43 @@
+"""launch.recovery: the recover-or-stop decision and what a job's log says of its progress."""
+
+from __future__ import annotations
+
+import json
+
+from traind.launch.recovery import Ending, Progress, decide, steps_lost
+
+
+def test_a_job_that_ended_early_is_recovered_with_its_reason() -> None:
+    """A timeout before the trainer finished, recoveries left: recover, saying why."""
+    d = decide(Ending("timeout", "Job timed out"), recoveries=1, max_recoveries=3,
+               taken_down=False)
+    assert d.recover
+    assert d.reason == "ended timeout: Job timed out"
+
+
+def test_finished_detached_and_taken_down_stop() -> None:
+    """The trainer's exit 0, a detach and a ``launch down`` each stop the loop."""
+    assert decide(Ending("finished"), 0, 3, False).reason == "finished"
+    assert decide(Ending("detached"), 0, 3, False).reason == "detached"
+    assert decide(Ending("error"), 0, 3, True).reason == "taken down"
+    assert not decide(Ending("error"), 0, 3, True).recover
+
+
+def test_max_recoveries_reached_stops_with_the_count() -> None:
+    """After max_recoveries, an early end stops, naming the limit."""
+    d = decide(Ending("gone"), recoveries=2, max_recoveries=2, taken_down=False)
+    assert not d.recover
+    assert "max_recoveries = 2" in d.reason
+
+
+def test_progress_reads_steps_and_the_newest_commit() -> None:
+    """The step reached (trainer text) and the committed checkpoint (traind JSON) give the
+    steps lost."""
+    p = Progress()
+    p.see("step=3 loss=1.0")
+    p.see(json.dumps({"event": "checkpoint_committed", "tag": "checkpoint-4", "step": 4}))
+    p.see(json.dumps({"event": "trainer_output", "line": "step=7 loss=0.5"}))
+    ending = p.ending("timeout", "")
+    assert (ending.checkpoint, ending.reached_step) == ("checkpoint-4", 7)
+    assert steps_lost(ending) == 3
+    assert steps_lost(Progress().ending("gone", "")) is None
