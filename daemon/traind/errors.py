@@ -35,10 +35,13 @@ and tests/unit/test_errors.py keeps this tree and the code in step::
     └── LaunchError  [launch.errors]
         ├── NoOffersError  [launch.errors]
         ├── ProvisionError  [launch.errors]
+        │   ├── GPURequestError  [launch.providers.docker.engine]
+        │   └── ImageNotFoundError  [launch.providers.docker.engine]
         ├── InstanceNotFoundError  [launch.errors]
         ├── HostUnreachableError  [launch.errors]
         ├── RemoteCommandError  [launch.errors]
         ├── BackendAPIError  [launch.errors]
+        │   └── EngineUnreachableError  [launch.providers.docker.engine]
         └── LaunchNotFoundError  [launch.errors]
 """
 

@@ -42,6 +42,8 @@ class LaunchRecord:
     python: str = ""
     created_at: float = 0.0
     recoveries: tuple[dict[str, Any], ...] = ()
+    stopping: bool = False
+    """``down`` is under way: no recovery starts another job or host."""
     """One entry per job/host replaced after it ended early (see ``launch.recovery``)."""
 
     def to_json(self) -> dict[str, Any]:
@@ -93,6 +95,13 @@ class LaunchStore:
     def exists(self, name: str) -> bool:
         """Whether launch ``name`` is saved."""
         return self.path(name).is_file()
+
+    def live(self, name: str) -> bool:
+        """Whether launch ``name`` is saved and not being taken down."""
+        try:
+            return self.exists(name) and not self.load(name).stopping
+        except LaunchError:
+            return False
 
     def remove(self, name: str) -> None:
         """Forget launch ``name`` (and its trusted host keys)."""

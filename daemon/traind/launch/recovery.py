@@ -110,7 +110,7 @@ async def follow_recovering(
     recoveries = len(record.recoveries)
     while True:
         ending = await wait_end(record)
-        decision = decide(ending, recoveries, max_recoveries, not store.exists(record.name))
+        decision = decide(ending, recoveries, max_recoveries, not store.live(record.name))
         if not decision.recover:
             if ending.state in ("finished", "detached") or decision.reason == "taken down":
                 return decision.reason

@@ -317,7 +317,7 @@ async def follow_recovering(
 
     async def replace(old: LaunchRecord) -> LaunchRecord | None:
         await _destroyed(ctx, old)
-        if not ctx.store.exists(old.name):
+        if not ctx.store.live(old.name):
             return None
         return await _provisioned(ctx, Path(old.config_path), old.name)
 

@@ -160,7 +160,7 @@ async def follow_recovering(
 
     async def replace(old: LaunchRecord) -> LaunchRecord | None:
         await _cancelled(ctx, old)
-        if not ctx.store.exists(old.name):
+        if not ctx.store.live(old.name):
             return None
         return await _started(ctx, old)
 
@@ -271,6 +271,7 @@ async def down(ctx: Context, record: LaunchRecord, pull_first: bool = True) -> P
                 f"failed: {exc}\nretry, or skip the pull: traind launch down {record.name} "
                 "--no-pull"
             ) from exc
+    record = ctx.store.save(record.with_(stopping=True))  # a follower recovers no more
     async with step("teardown", record.name, instance=record.handle.instance_id):
         await _cancelled(ctx, record)
     ctx.store.remove(record.name)

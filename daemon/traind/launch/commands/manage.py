@@ -121,6 +121,7 @@ async def down(ctx: Context, record: LaunchRecord, pull_first: bool = True) -> P
         elif pull_first:
             log.warning("launch_nothing_to_pull", launch=record.name,
                         reason="traind was never installed on the host")
+        record = ctx.store.save(record.with_(stopping=True))  # a follower recovers no more
         if record.service:
             async with step("stop", record.name, service=record.service):
                 try:
