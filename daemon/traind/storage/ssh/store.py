@@ -17,7 +17,7 @@ import builtins
 import posixpath
 import secrets
 import stat
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -41,6 +41,7 @@ from traind.storage.memory import version_of
 from traind.storage.ssh import rsync as ssh_rsync
 from traind.storage.ssh import tree
 from traind.storage.ssh.errors import translate
+from traind.storage.ssh.guard import PathGuard
 from traind.storage.ssh.link import SSHLink
 from traind.storage.ssh.openssh.transfer import OpenSSHTransfer
 from traind.storage.ssh.sftp import (
@@ -53,7 +54,7 @@ from traind.storage.ssh.sftp import (
     remove,
     write_bytes,
 )
-from traind.util.fileio import not_a_directory, not_regular, size_differs, temporary_name
+from traind.util.fileio import not_a_directory, temporary_name
 from traind.util.tasks import fan_out
 
 T = TypeVar("T")
@@ -70,6 +71,7 @@ class SSHStore:
     def __init__(self, config: SSHStorage, run: str) -> None:
         self._config = config
         self._root = posixpath.join(config.remote_path, check_component(run, "run name"))
+        self._guard = PathGuard(self._root, lambda: self._link.target.host)
         self._link = SSHLink(config)
         self._rsync = ssh_rsync.RsyncTransfer(config, self._link)
         self._owner = secrets.token_hex(6)
@@ -92,50 +94,6 @@ class SSHStore:
 
     def _path(self, key: str) -> str:
         return posixpath.join(self._root, check_key(key))
-
-    async def _looked(self, sftp: asyncssh.SFTPClient, dirs: Iterable[str],
-                      files: Iterable[str] = (), *, write: bool
-                      ) -> dict[str, asyncssh.SFTPAttrs | None]:
-        """The attributes of ``files`` (None: missing) once the run's directory and each
-        directory from it to each of ``dirs`` are found to be directories or missing (to be
-        made), all in one round of ``lstat``: else LinkedPathError, for a write or at the
-        run's directory, or, for a read, IntegrityError (the checkpoint's corruption)."""
-        steps = {d for directory in dirs for d in tree.chain(self._root, directory)}
-        wanted = set(files)
-        found = await tree.lstat(sftp, steps | wanted)
-        for d in sorted(steps, key=lambda d: d.count("/")):  # the outermost first
-            if (attrs := found[d]) is not None and not stat.S_ISDIR(tree.mode(attrs)):
-                raise not_a_directory(self._at(d), tree.mode(attrs),
-                                      write=write or d == self._root)
-        return {f: found[f] for f in wanted}
-
-    async def _regular(self, sftp: asyncssh.SFTPClient, path: str) -> bool:
-        """Whether the object at ``path`` is there, as a regular file read through no link;
-        IntegrityError naming it when it is something else."""
-        found = await self._looked(sftp, [posixpath.dirname(path)], [path], write=False)
-        if (attrs := found[path]) is not None and not stat.S_ISREG(tree.mode(attrs)):
-            raise not_regular(self._at(path), tree.mode(attrs))
-        return attrs is not None
-
-    async def _fetchable(self, sftp: asyncssh.SFTPClient,
-                         files: Sequence[tuple[str, int]]) -> None:
-        """Raise IntegrityError naming the first of ``files`` (remote path, size) that is not
-        a regular file of its size read through no link, before the server opens any: a
-        FIFO would block that open, a link to ``/dev/zero`` never end. One round of
-        ``lstat`` for them all."""
-        paths = [path for path, _ in files]
-        found = await self._looked(sftp, parents(paths), paths, write=False)
-        for path, size in files:
-            if (attrs := found[path]) is None:
-                raise IntegrityError(f"{self._at(path)}: missing from the store")
-            if not stat.S_ISREG(tree.mode(attrs)):
-                raise not_regular(self._at(path), tree.mode(attrs))
-            if attrs.size != size:
-                raise size_differs(self._at(path), attrs.size or 0, size)
-
-    def _at(self, path: str) -> str:
-        """``host:path``, for a message."""
-        return f"{self._link.target.host}:{path}"
 
     def _dir(self, prefix: str) -> str:
         """The directory every key starting with ``prefix`` is under (the root for none)."""
@@ -182,16 +140,17 @@ class SSHStore:
             if mode.kind == "create":
                 return await create_new(sftp, path, data)
             if mode.kind == "update":
-                found = await read_bytes(sftp, path) if await self._regular(sftp, path) else None
+                there = await self._guard.regular(sftp, path)
+                found = await read_bytes(sftp, path) if there else None
                 if found is None or version_of(found) != mode.version:
                     return False
             await write_bytes(sftp, path, data)
             return True
 
         async def checked(sftp: asyncssh.SFTPClient) -> bool:
-            found = await self._looked(sftp, [posixpath.dirname(path)], [path], write=True)
+            found = await self._guard.looked(sftp, [posixpath.dirname(path)], [path], write=True)
             if (attrs := found[path]) is not None and stat.S_ISLNK(tree.mode(attrs)):
-                raise not_a_directory(self._at(path), tree.mode(attrs), write=True,
+                raise not_a_directory(self._guard.at(path), tree.mode(attrs), write=True,
                                       belongs="a regular file")
             return await _in_place(sftp, path, write)
 
@@ -201,7 +160,7 @@ class SSHStore:
         path = self._path(key)
 
         async def read(sftp: asyncssh.SFTPClient) -> bytes | None:
-            return await read_bytes(sftp, path) if await self._regular(sftp, path) else None
+            return await read_bytes(sftp, path) if await self._guard.regular(sftp, path) else None
 
         data = await self._call(f"read {path}", read)
         return None if data is None else Blob(data, version_of(data))
@@ -210,7 +169,7 @@ class SSHStore:
         path = self._path(key)
 
         async def read(sftp: asyncssh.SFTPClient) -> bytes:
-            await self._regular(sftp, path)  # a missing one fails the open, as it must
+            await self._guard.regular(sftp, path)  # a missing one fails the open, as it must
             async with await sftp.open(path, "rb") as f:
                 data = await f.read(max(0, end - start), start)
             return cast(bytes, data)  # opened "rb": bytes
@@ -223,7 +182,7 @@ class SSHStore:
         async def stat(sftp: asyncssh.SFTPClient) -> ObjectMeta | None:
             """The regular file at ``key``; None for anything else, and through a link."""
             try:
-                if not await self._regular(sftp, path):
+                if not await self._guard.regular(sftp, path):
                     return None
                 attrs = await sftp.lstat(path)
             except (asyncssh.SFTPNoSuchFile, IntegrityError):
@@ -238,7 +197,7 @@ class SSHStore:
 
         async def walk(sftp: asyncssh.SFTPClient) -> list[ObjectMeta]:
             try:
-                await self._looked(sftp, [base], write=False)
+                await self._guard.looked(sftp, [base], write=False)
             except IntegrityError:
                 return []  # nothing through a link
             return await tree.files(sftp, self._root, top, prefix)
@@ -250,7 +209,7 @@ class SSHStore:
 
         async def dirs(sftp: asyncssh.SFTPClient) -> builtins.list[str]:
             try:
-                await self._looked(sftp, [base], write=False)
+                await self._guard.looked(sftp, [base], write=False)
             except IntegrityError:
                 return []  # nothing through a link
             return await tree.dirs(sftp, base)
@@ -261,7 +220,7 @@ class SSHStore:
         paths = [self._path(k) for k in keys]
 
         async def remove(sftp: asyncssh.SFTPClient) -> None:
-            await self._looked(sftp, parents(paths), write=True)
+            await self._guard.looked(sftp, parents(paths), write=True)
             await tree.remove_files(sftp, self._root, paths)
 
         if paths:
@@ -277,7 +236,7 @@ class SSHStore:
         dirs = parents(list(remote.values())) | {base}
 
         async def make(sftp: asyncssh.SFTPClient) -> None:
-            await self._looked(sftp, dirs, write=True)
+            await self._guard.looked(sftp, dirs, write=True)
             await makedirs(sftp, dirs)
 
         await self._call(f"create {base}", make)
@@ -305,7 +264,7 @@ class SSHStore:
     ) -> dict[str, str]:
         remote = {f.path: self._path(prefix + check_relpath(f.path)) for f in files}
 
-        await self._call(f"stat {self._dir(prefix)}", lambda sftp: self._fetchable(
+        await self._call(f"stat {self._dir(prefix)}", lambda sftp: self._guard.fetchable(
             sftp, [(remote[f.path], f.size) for f in files]))
 
         async def one(f: LocalFile) -> tuple[str, str]:
@@ -347,7 +306,7 @@ class SSHStore:
         try:
             sftp = await conn.start_sftp_client()
             step = "create remote_path"
-            await self._looked(sftp, [self._root], write=True)
+            await self._guard.looked(sftp, [self._root], write=True)
             await makedirs(sftp, {self._root})
             probe = posixpath.join(self._root, f".traind-probe-{secrets.token_hex(4)}")
             step = "write a file in"
