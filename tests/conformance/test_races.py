@@ -15,6 +15,7 @@ from tests.conformance.conftest import Stores
 from tests.support.writers import check_one_writer_each, close, race
 
 ROUNDS = 20
+MAX_ROUNDS = 200
 
 
 @pytest.mark.parametrize("stores", ["memory-listed", "s3-listed"], indirect=True)
@@ -22,9 +23,12 @@ async def test_two_writers_one_copy_every_round(stores: Stores, tmp_path: Path) 
     """Two streamers commit the same tag with different bytes at the same instant, 20
     rounds: one committed copy each round, whole and restorable; the resolution time of
     every round is bounded (printed: median and max)."""
-    seconds = []
+    seconds: list[float] = []
     contended = 0
-    for n in range(ROUNDS):
+    n = 0
+    # On memory the claims interleave, but a loaded machine may serialise a whole round:
+    # race on (at most MAX_ROUNDS) until one round really was contended.
+    while n < ROUNDS or (stores.kind == "memory-listed" and not contended and n < MAX_ROUNDS):
         started = time.monotonic()
         with capture_logs() as logs:
             sides = await race(tmp_path / f"round-{n}",
@@ -36,7 +40,8 @@ async def test_two_writers_one_copy_every_round(stores: Stores, tmp_path: Path) 
         finally:
             close(sides)
         await stores.checkpoints().delete("checkpoint-1")
-    print(f"{stores.kind}: {ROUNDS} rounds resolved ({contended} contended), median "
+        n += 1
+    print(f"{stores.kind}: {n} rounds resolved ({contended} contended), median "
           f"{statistics.median(seconds):.3f} s, max {max(seconds):.3f} s")
     assert max(seconds) < 30.0
     if stores.kind == "memory-listed":  # the race really happened (claims interleave here)
