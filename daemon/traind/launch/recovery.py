@@ -3,9 +3,10 @@ ends before the trainer finished, start the next one with the same spec; its ``t
 restores the newest committed checkpoint from the store and trains on.
 
 ``decide`` is the pure decision (recover or stop, and why); ``follow_recovering`` is the one
-loop both launch flows share, with the backend-specific "wait for this one's end" and "replace
-it by the next" passed in. The launch's record holds the history, so ``launch status`` shows it
-and a ``launch down`` from another shell (which removes the record) stops the loop.
+loop both launch flows share, with the backend-specific "wait for this one's end", "end it"
+and "start the next" passed in. The launch's record holds the history, so ``launch status``
+shows it, and a ``launch down`` from another shell (which marks the record stopping, then
+removes it) stops the loop.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from traind.launch.errors import LaunchError
 from traind.launch.handles import LaunchRecord, LaunchStore
+from traind.util.child import uninterrupted
 
 log = structlog.get_logger("traind.launch")
 _STEP = re.compile(r"\bstep=(\d+)\b")
@@ -96,17 +99,30 @@ class Progress:
 
 
 WaitEnd = Callable[[LaunchRecord], Awaitable[Ending]]
-Replace = Callable[[LaunchRecord], Awaitable[LaunchRecord | None]]
+End = Callable[[LaunchRecord], Coroutine[Any, Any, None]]
+Start = Callable[[LaunchRecord], Awaitable[LaunchRecord]]
 
 
 async def follow_recovering(
     store: LaunchStore, record: LaunchRecord, max_recoveries: int, wait_end: WaitEnd,
-    replace: Replace,
+    end: End, start: Start,
 ) -> str:
     """Follow ``record`` until its trainer finishes, recovering up to ``max_recoveries`` times:
-    "finished", "detached", "taken down", or raise LaunchError when the recoveries ran out.
-    ``replace`` ends the old job/host (nothing left billed) and starts and saves the next, or
-    returns None when the launch was taken down meanwhile."""
+    "finished", "detached", "taken down", or raise LaunchError (when the recoveries ran out,
+    or a step failed) with the launch's job/host ended. ``end`` ends a job/host and confirms
+    nothing of it is left billed; ``start`` starts and saves the next one like it."""
+    try:
+        return await _recovering(store, record, max_recoveries, wait_end, end, start)
+    except LaunchError:
+        if store.exists(record.name):
+            await uninterrupted(end(store.load(record.name)))
+        raise
+
+
+async def _recovering(
+    store: LaunchStore, record: LaunchRecord, max_recoveries: int, wait_end: WaitEnd,
+    end: End, start: Start,
+) -> str:
     recoveries = len(record.recoveries)
     while True:
         ending = await wait_end(record)
@@ -118,9 +134,10 @@ async def follow_recovering(
                               f"committed checkpoint is {ending.checkpoint or 'none'}")
         log.warning("launch_recovering", launch=record.name, instance=record.handle.instance_id,
                     state=ending.state, message=ending.message, recovery=recoveries + 1)
-        new = await replace(record)
-        if new is None:
+        await end(record)
+        if not store.live(record.name):  # taken down meanwhile: start nothing
             return "taken down"
+        new = await start(record)
         recoveries += 1
         entry = {
             "at": time.time(), "state": ending.state, "message": ending.message,

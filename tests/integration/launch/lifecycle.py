@@ -4,6 +4,7 @@ failed test left running."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -196,3 +197,22 @@ def job_config(tmp_path: Path, name: str, backend: str, table: dict[str, Any]) -
         "run": {"code_dir": "code", "traind_config": "traind.toml"},
         "host": {"wait_running": "20s"}, backend.replace("-", "_"): table,
     }, context={"base": tmp_path})
+
+
+async def status_pull_down(tmp_path: Path, env: dict[str, str],
+                           name: str = "tiny") -> tuple[dict[str, Any], list[str]]:
+    """The end of a job launch whose trainer committed step 2: ``launch status --json``
+    says completed at that step, ``pull`` restores it under ``tmp_path/pulled``, ``down``
+    (which pulls again, over the older copy) forgets the launch; each exits 0. Returns the
+    status document and what pull and down wrote to stderr."""
+    status = Launcher("status", name, "--json", env=env)
+    assert await asyncio.to_thread(status.wait, 60) == 0, status.tail()
+    facts: dict[str, Any] = json.loads("\n".join(status.out))
+    assert (facts["state"], facts["last_commit"]["step"]) == ("completed", 2)
+    pull = Launcher("pull", name, env=env)
+    assert await asyncio.to_thread(pull.wait, 60) == 0, pull.tail()
+    pulled = tmp_path / f"pulled/{name}/checkpoint-2"
+    assert json.loads((pulled / "trainer_state.json").read_text())["global_step"] == 2
+    down = Launcher("down", name, env=env)
+    assert await asyncio.to_thread(down.wait, 60) == 0, down.tail()
+    return facts, [*pull.err, *down.err]

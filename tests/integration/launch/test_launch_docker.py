@@ -16,6 +16,7 @@ from tests.integration.launch.lifecycle import (
     committed,
     job_config,
     project,
+    status_pull_down,
     trainer_pids,
 )
 from tests.support.dockerd import Dockerd, labelled
@@ -97,17 +98,8 @@ async def test_docker_life_cycle(
         (container,) = await left(dockerd, "tiny")
         assert container["Labels"]["team"] == "ml"  # type: ignore[index]
         assert container["State"] == "exited"
-        status = Launcher("status", "tiny", "--json", env=env)
-        assert await asyncio.to_thread(status.wait, 60) == 0, status.tail()
-        facts = json.loads("\n".join(status.out))
-        assert (facts["state"], facts["last_commit"]["step"]) == ("completed", 2)
+        facts, _ = await status_pull_down(tmp_path, env)
         assert facts["instance"] == container["Id"]
-        pull = Launcher("pull", "tiny", env=env)
-        assert await asyncio.to_thread(pull.wait, 60) == 0, pull.tail()
-        pulled = tmp_path / "pulled/tiny/checkpoint-2"
-        assert json.loads((pulled / "trainer_state.json").read_text())["global_step"] == 2
-        down = Launcher("down", "tiny", env=env)
-        assert await asyncio.to_thread(down.wait, 60) == 0, down.tail()
         assert await left(dockerd, "tiny") == []
         assert store.names() == []
     finally:

@@ -5,7 +5,6 @@ each bad input with its clear error, and nothing left running in the platform's 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from tests.integration.launch.lifecycle import (
     committed,
     job_config,
     project,
+    status_pull_down,
     trained_steps,
     trainer_pids,
 )
@@ -175,20 +175,11 @@ async def test_hf_jobs_life_cycle(
         assert job.spec["labels"] == {"team": "ml", "traind-launch": "tiny", "name": "tiny"}
         assert job.spec["flavor"] == "cpu-basic"
         assert job.spec["timeoutSeconds"] == 200
-        status = Launcher("status", "tiny", "--json", env=env)
-        assert await asyncio.to_thread(status.wait, 60) == 0, status.tail()
-        facts = json.loads("\n".join(status.out))
-        assert (facts["state"], facts["last_commit"]["step"]) == ("completed", 2)
+        facts, said = await status_pull_down(tmp_path, env)
         assert facts["instance"].startswith(f"{NAMESPACE}/")
-        pull = Launcher("pull", "tiny", env=env)
-        assert await asyncio.to_thread(pull.wait, 60) == 0, pull.tail()
-        pulled = tmp_path / "pulled/tiny/checkpoint-2"
-        assert json.loads((pulled / "trainer_state.json").read_text())["global_step"] == 2
-        down = Launcher("down", "tiny", env=env)  # pulls again, over the older copy
-        assert await asyncio.to_thread(down.wait, 60) == 0, down.tail()
         assert fake.live() == []
         assert store.names() == []
-        logged = "\n".join(launcher.err + launcher.out + pull.err + down.err)
+        logged = "\n".join(launcher.err + launcher.out + said)
         assert TOKEN not in logged
     finally:
         launcher.kill()

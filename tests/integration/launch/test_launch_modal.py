@@ -5,14 +5,19 @@ run, each bad input with its clear error, and nothing left running in Modal's li
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.integration.launch.lifecycle import Launcher, committed, project, trainer_pids
+from tests.integration.launch.lifecycle import (
+    Launcher,
+    committed,
+    project,
+    status_pull_down,
+    trainer_pids,
+)
 from tests.support.requires import need_module
 
 from traind.launch.commands import jobflow
@@ -206,20 +211,11 @@ async def test_modal_life_cycle(
         assert (gpu.gpu_type, gpu.count, box.definition.timeout_secs) == ("A100-80GB", 2, 200)
         given = [fake.secrets[s] for s in box.definition.secret_ids]
         assert any("TRAIND_CONFIG_TOML" in secret for secret in given)
-        status = Launcher("status", "tiny", "--json", env=env)
-        assert await asyncio.to_thread(status.wait, 60) == 0, status.tail()
-        facts = json.loads("\n".join(status.out))
-        assert (facts["state"], facts["last_commit"]["step"]) == ("completed", 2)
+        facts, said = await status_pull_down(tmp_path, env)
         assert facts["instance"] == box.id
-        pull = Launcher("pull", "tiny", env=env)
-        assert await asyncio.to_thread(pull.wait, 60) == 0, pull.tail()
-        pulled = tmp_path / "pulled/tiny/checkpoint-2"
-        assert json.loads((pulled / "trainer_state.json").read_text())["global_step"] == 2
-        down = Launcher("down", "tiny", env=env)
-        assert await asyncio.to_thread(down.wait, 60) == 0, down.tail()
         assert fake.live() == []
         assert store.names() == []
-        assert TOKEN_SECRET not in "\n".join(launcher.err + launcher.out + down.err)
+        assert TOKEN_SECRET not in "\n".join(launcher.err + launcher.out + said)
     finally:
         launcher.kill()
 

@@ -21,6 +21,8 @@ def test_load_imports_the_named_class_only_when_asked() -> None:
 
 def test_long_lived_freezes_what_exists_now() -> None:
     """After long_lived the objects that existed are in the permanent generation."""
+    gc.unfreeze()  # whatever an earlier test froze: the count below is this call's
+    assert gc.get_freeze_count() == 0
     try:
         long_lived()
         assert gc.get_freeze_count() > 0

@@ -315,19 +315,10 @@ async def follow_recovering(
                                        f"lists the host {host.state}: {host.message or '-'}")
         return progress.ending(state, why)
 
-    async def replace(old: LaunchRecord) -> LaunchRecord | None:
-        await _destroyed(ctx, old)
-        if not ctx.store.live(old.name):
-            return None
-        return await _provisioned(ctx, Path(old.config_path), old.name)
-
-    try:
-        return await recovery.follow_recovering(ctx.store, record, ctx.config.run.max_recoveries,
-                                                wait_end, replace)
-    except LaunchError:
-        if ctx.store.exists(record.name):
-            await _destroyed(ctx, ctx.store.load(record.name))
-        raise
+    return await recovery.follow_recovering(
+        ctx.store, record, ctx.config.run.max_recoveries, wait_end,
+        lambda r: _destroyed(ctx, r),
+        lambda r: _provisioned(ctx, Path(r.config_path), r.name))
 
 
 async def _destroyed(ctx: Context, record: LaunchRecord) -> None:

@@ -158,20 +158,10 @@ async def follow_recovering(
     and run the next one with the same spec (it restores the newest committed checkpoint), up
     to ``run.max_recoveries`` times. "finished", "detached" or "taken down" (by ``down``)."""
 
-    async def replace(old: LaunchRecord) -> LaunchRecord | None:
-        await _cancelled(ctx, old)
-        if not ctx.store.live(old.name):
-            return None
-        return await _started(ctx, old)
-
-    try:
-        return await recovery.follow_recovering(
-            ctx.store, record, ctx.config.run.max_recoveries,
-            lambda r: _ending(ctx, r, detach, out), replace)
-    except LaunchError:
-        if ctx.store.exists(record.name):
-            await child.uninterrupted(_cancelled(ctx, ctx.store.load(record.name)))
-        raise
+    return await recovery.follow_recovering(
+        ctx.store, record, ctx.config.run.max_recoveries,
+        lambda r: _ending(ctx, r, detach, out), lambda r: _cancelled(ctx, r),
+        lambda r: _started(ctx, r))
 
 
 async def _ending(
