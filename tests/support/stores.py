@@ -3,6 +3,7 @@ view of what that store holds."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,8 +39,10 @@ class StoreView:
         """Every file's path under ``<run>/<tag>/`` (under ``<run>/`` when no tag), sorted."""
         if self.root is not None:
             base = self.root / self.run / tag
-            return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()) \
-                if base.is_dir() else []
+            # os.walk passes over a directory pruned while it walks (rglob raises)
+            return sorted(str((Path(d) / f).relative_to(base))
+                          for d, _, files in os.walk(base) for f in files
+                          if os.path.isfile(Path(d) / f))
         return sorted(self._keys(f"{self.run}/{tag}/" if tag else f"{self.run}/"))
 
     def tags(self) -> list[str]:

@@ -39,7 +39,7 @@ async def test_a_checkpoint_through_the_buckets_gateway(s3_server: SeaweedS3,
     writer = Writer("c" * 32, "host-c")
     async with buckets_gateway(s3_server.endpoint) as gateway:
         store = CheckpointStore(open_objects(
-            s3_config(gateway.endpoint, bucket, part_size="5MiB", **BUCKETS), "run"))
+            s3_config(gateway.endpoint, bucket, part_size="5MiB", **BUCKETS), "run"), "run")
         try:
             async with asyncio.timeout(60):
                 local = _write(tmp_path / "src", files)
