@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,11 @@ _PORT_FLAGS = (
     "s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port",
     "volume.port.grpc", "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc",
 )
+# Each bucket is its own collection and takes a volume of its own on its first write. Left
+# at 0, weed mini allows free disk / volume size volumes (62 on a 67 GB disk), and a session
+# making more buckets than that gets InternalError "no free volumes left" on every write to
+# a new one. Volumes are sparse files, so a high fixed count costs no disk.
+_MAX_VOLUMES = 4000
 
 
 def _identities() -> dict[str, Any]:
@@ -126,7 +132,7 @@ class SeaweedS3:
             self.weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-s3.config={config}", "-master.telemetry=false", "-webdav=false",
             "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false",
-            "-s3.autoCreateBucket=false",
+            "-s3.autoCreateBucket=false", f"-volume.max={_MAX_VOLUMES}",
             f"-filer.localSocket={self.root / 'filer.sock'}",
             f"-s3.localSocket={self.root / 's3.sock'}",
             *(f"-{flag}={port}" for flag, port in self.ports.items()),
@@ -176,6 +182,12 @@ class SeaweedS3:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def volume_limit(self) -> int:
+        """How many volumes the master lets the volume server hold (from ``/dir/status``)."""
+        url = f"http://127.0.0.1:{self.ports['master.port']}/dir/status"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return int(json.load(response)["Topology"]["Max"])
 
     def create_bucket(self, name: str) -> None:
         """Create ``name`` (idempotent)."""
