@@ -62,6 +62,20 @@ def decide(ending: Ending, recoveries: int, max_recoveries: int, taken_down: boo
     return Decision(True, f"ended {ending.state}: {ending.message or 'no reason given'}")
 
 
+def unreachable_verdict(
+    listed_ended: bool, answers: bool, unreachable_for: float, bound: float
+) -> str:
+    """At one look at a followed host whose SSH stopped answering ``unreachable_for`` seconds
+    ago: "gone" when its provider lists it stopped or destroyed, "back" when it answers again
+    (a blip: nothing to do), "dead" when it has not answered for longer than ``bound`` seconds
+    while its provider still lists it (and bills it), else "waiting"."""
+    if listed_ended:
+        return "gone"
+    if answers:
+        return "back"
+    return "dead" if unreachable_for > bound else "waiting"
+
+
 def steps_lost(ending: Ending) -> int | None:
     """Trainer steps reached before the end minus the restored checkpoint's, when both known."""
     if ending.reached_step is None:
