@@ -2,7 +2,9 @@
 ends before the trainer finished, start the next one with the same spec; its ``traind run``
 restores the newest committed checkpoint from the store and trains on.
 
-``decide`` is the pure decision (recover or stop, and why); ``follow_recovering`` is the one
+``decide`` is the pure decision (recover or stop, and why), and ``unreachable_verdict`` the
+one on a host whose SSH stopped answering (a blip, gone, or dead past ``[host]
+unreachable_after`` while its provider still lists it); ``follow_recovering`` is the one
 loop both launch flows share, with the backend-specific "wait for this one's end", "end it"
 and "start the next" passed in. The launch's record holds the history, so ``launch status``
 shows it, and a ``launch down`` from another shell (which marks the record stopping, then
