@@ -26,7 +26,7 @@ from traind.launch.base import Constraints
 from traind.launch.credentials import api_key, assignment_key, toml_key
 from traind.launch.host.packages import traind_requirements
 from traind.layout.keys import check_component
-from traind.util.units import Duration
+from traind.util.units import Duration, PositiveDuration
 
 
 def _local_path(value: Path, info: ValidationInfo) -> Path:
@@ -90,6 +90,9 @@ class HostSection(Section):
     disk_gb: float = Field(default=50.0, gt=0)
     ssh_key: LocalPath = Field(default=Path("~/.ssh/id_ed25519"), validate_default=True)
     wait_running: Duration = 900.0
+    unreachable_after: PositiveDuration = 600.0
+    """Seconds a followed host may not answer SSH, while its provider lists it running,
+    before it is destroyed and the run recovered on a new one."""
     on_failure: Literal["teardown", "keep"] = "teardown"
     on_finish: Literal["keep", "down"] = "keep"
 

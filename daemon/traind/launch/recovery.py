@@ -2,7 +2,9 @@
 ends before the trainer finished, start the next one with the same spec; its ``traind run``
 restores the newest committed checkpoint from the store and trains on.
 
-``decide`` is the pure decision (recover or stop, and why); ``follow_recovering`` is the one
+``decide`` is the pure decision (recover or stop, and why), and ``unreachable_verdict`` the
+one on a host whose SSH stopped answering (a blip, gone, or dead past ``[host]
+unreachable_after`` while its provider still lists it); ``follow_recovering`` is the one
 loop both launch flows share, with the backend-specific "wait for this one's end", "end it"
 and "start the next" passed in. The launch's record holds the history, so ``launch status``
 shows it, and a ``launch down`` from another shell (which marks the record stopping, then
@@ -60,6 +62,20 @@ def decide(ending: Ending, recoveries: int, max_recoveries: int, taken_down: boo
         return Decision(False, f"ended {ending.state} after {recoveries} recoveries "
                                f"(max_recoveries = {max_recoveries})")
     return Decision(True, f"ended {ending.state}: {ending.message or 'no reason given'}")
+
+
+def unreachable_verdict(
+    listed_ended: bool, answers: bool, unreachable_for: float, bound: float
+) -> str:
+    """At one look at a followed host whose SSH stopped answering ``unreachable_for`` seconds
+    ago: "gone" when its provider lists it stopped or destroyed, "back" when it answers again
+    (a blip: nothing to do), "dead" when it has not answered for longer than ``bound`` seconds
+    while its provider still lists it (and bills it), else "waiting"."""
+    if listed_ended:
+        return "gone"
+    if answers:
+        return "back"
+    return "dead" if unreachable_for > bound else "waiting"
 
 
 def steps_lost(ending: Ending) -> int | None:

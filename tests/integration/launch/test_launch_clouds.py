@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -358,3 +359,118 @@ async def test_a_run_outlives_two_killed_hosts(
     finally:
         launcher.kill()
         kill_traind(remote)
+
+
+def _followed_project(
+    tmp_path: Path, cloud: Cloud, sshd: SSHServer, bound: str, max_steps: int = 10
+) -> Path:
+    """A resumable tiny run on ``cloud`` whose [host] unreachable_after is ``bound``."""
+    launch_toml = project(tmp_path, max_steps=max_steps,
+                          backend_toml=backend_toml(cloud, sshd.user_key.path))
+    launch_toml.write_text(launch_toml.read_text().replace(
+        'wait_running = "20s"\n', f'wait_running = "20s"\nunreachable_after = "{bound}"\n'))
+    config = tmp_path / "project" / "traind.toml"
+    config.write_text(config.read_text().replace('"--step-sleep"', '"--resume", "--step-sleep"'))
+    return launch_toml
+
+
+def _at(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["timestamp"])).timestamp()
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("cloud", ["runpod"], indirect=True)
+async def test_a_host_unreachable_past_the_bound_is_destroyed_and_replaced(
+    tmp_path: Path, cloud: Cloud, sshd: SSHServer, store: LaunchStore
+) -> None:
+    """A host whose SSH stops answering (its sshd and traind gone) while RunPod still lists
+    it running is, after [host] unreachable_after, destroyed (RunPod no longer lists it) and
+    replaced; the run restores the newest commit and ends with exit 0, a few steps lost, and
+    ``launch status`` names the reason."""
+    need_binary("rsync")
+    need_module("trl")
+    remote = tmp_path / "remote"
+    first = SSHServer(need_binary("sshd"), tmp_path / "sshd-first")
+    (first.root / "authorized_keys").write_text(sshd.user_key.public + "\n")
+    await first.start()
+    cloud.host.port = first.port  # the first pod's SSH is this sshd; later pods' the shared one
+    env = {**os.environ, **cloud.env}
+    launcher = Launcher("-c", str(_followed_project(tmp_path, cloud, sshd, "6s")), env=env)
+    trained: list[int] = []
+    try:
+        await asyncio.to_thread(launcher.wait_out, lambda ln: committed(ln, 3), 300)
+        [dead] = cloud.live()
+        await first.stop()  # the host vanishes: its SSH does not answer...
+        kill_traind(remote)  # ...and nothing on it runs; RunPod still lists it RUNNING
+        cloud.host.port = sshd.port
+        trained += trained_steps(remote / "state")
+        shutil.rmtree(remote / "out")
+        shutil.rmtree(remote / "state")
+        assert await asyncio.to_thread(launcher.wait, 300) == 0, launcher.tail()
+        trained += trained_steps(remote / "state")
+        events = launcher.events()
+        [lost] = [e for e in events if e.get("event") == "launch_host_unreachable"]
+        [too_long] = [e for e in events if e.get("event") == "launch_host_unreachable_too_long"]
+        [recovered] = [e for e in events if e.get("event") == "launch_recovered"]
+        counts = {s: trained.count(s) for s in set(trained)}
+        print(f"unreachable: seen {_at(lost):.3f}, given up after {too_long['seconds']}s, next "
+              f"host running {_at(recovered) - _at(lost):.1f}s after it was lost; recovery "
+              f"from {recovered['checkpoint']}, steps_lost={recovered['steps_lost']}; "
+              f"step trainings: {counts}")
+        assert 6 <= too_long["seconds"] < 20
+        assert recovered["state"] == "unreachable"
+        assert str(recovered["message"]).startswith("unreachable for ")
+        assert "lists it running" in str(recovered["message"])
+        assert recovered["from_instance"] == dead
+        assert dead in cloud.fake.deleted
+        assert dead not in cloud.live()
+        assert cloud.created() == 2
+        retrained = sum(n == 2 for n in counts.values())  # since the newest commit
+        assert isinstance(recovered["steps_lost"], int)
+        assert 0 <= recovered["steps_lost"] <= retrained
+        assert set(range(1, 11)) <= set(counts), counts
+        assert all(n <= 2 for n in counts.values()), counts
+        status = Launcher("status", "tiny", env=env)
+        assert await asyncio.to_thread(status.wait, 60) == 0, status.tail()
+        assert any("unreachable (unreachable for " in line for line in status.out), status.out
+        down = Launcher("down", "tiny", "--no-pull", env=env)
+        assert await asyncio.to_thread(down.wait, 60) == 0, down.tail()
+        assert cloud.live() == []
+    finally:
+        launcher.kill()
+        kill_traind(remote)
+        await first.stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cloud", ["runpod"], indirect=True)
+async def test_a_blip_shorter_than_the_bound_changes_nothing(
+    tmp_path: Path, cloud: Cloud, sshd: SSHServer, store: LaunchStore
+) -> None:
+    """A host whose SSH is down for a few seconds, less than [host] unreachable_after, is
+    followed on once it answers: the run ends with exit 0 on the one host, no recovery."""
+    need_binary("rsync")
+    need_module("trl")
+    remote = tmp_path / "remote"
+    env = {**os.environ, **cloud.env}
+    # 20 steps: the run is still training when the blip ends (lines logged during a blip
+    # are not shown once following goes on)
+    launch_toml = _followed_project(tmp_path, cloud, sshd, "60s", max_steps=20)
+    launcher = Launcher("-c", str(launch_toml), env=env)
+    try:
+        await asyncio.to_thread(launcher.wait_out, lambda ln: committed(ln, 2), 200)
+        await sshd.stop()  # every connection cut, nothing answers for ~3 s
+        await asyncio.sleep(3)
+        await sshd.start()
+        assert await asyncio.to_thread(launcher.wait, 200) == 0, launcher.tail()
+        events = [e.get("event") for e in launcher.events()]
+        assert "launch_host_unreachable" in events
+        assert "launch_host_reachable_again" in events
+        assert "launch_host_unreachable_too_long" not in events
+        assert "launch_recovered" not in events
+        assert cloud.created() == 1
+        assert any(committed(line, 20) for line in launcher.out)
+    finally:
+        launcher.kill()
+        kill_traind(remote)
+        await sshd.start()

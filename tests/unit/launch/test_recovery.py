@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from traind.launch.recovery import Ending, Progress, decide, steps_lost
+from traind.launch.recovery import Ending, Progress, decide, steps_lost, unreachable_verdict
 
 
 def test_a_job_that_ended_early_is_recovered_with_its_reason() -> None:
@@ -41,3 +41,31 @@ def test_progress_reads_steps_and_the_newest_commit() -> None:
     assert (ending.checkpoint, ending.reached_step) == ("checkpoint-4", 7)
     assert steps_lost(ending) == 3
     assert steps_lost(Progress().ending("gone", "")) is None
+
+
+def test_an_unreachable_host_past_the_bound_is_dead() -> None:
+    """A host silent longer than the bound while its provider lists it is dead; at or under
+    the bound it is waited for."""
+    assert unreachable_verdict(False, False, unreachable_for=30.5, bound=30) == "dead"
+    assert unreachable_verdict(False, False, unreachable_for=30.0, bound=30) == "waiting"
+    assert unreachable_verdict(False, False, unreachable_for=0.0, bound=30) == "waiting"
+
+
+def test_a_host_answering_again_is_a_blip() -> None:
+    """A host that answers again is back, however long it was silent."""
+    assert unreachable_verdict(False, True, unreachable_for=5, bound=30) == "back"
+    assert unreachable_verdict(False, True, unreachable_for=99, bound=30) == "back"
+
+
+def test_a_host_its_provider_lists_ended_is_gone() -> None:
+    """The provider's listing (stopped or destroyed) wins over waiting or the bound."""
+    assert unreachable_verdict(True, False, unreachable_for=1, bound=30) == "gone"
+    assert unreachable_verdict(True, False, unreachable_for=99, bound=30) == "gone"
+
+
+def test_an_unreachable_end_is_recovered_with_its_seconds() -> None:
+    """A dead host's end is recovered, its reason naming how long it was unreachable."""
+    d = decide(Ending("unreachable", "unreachable for 31 s while runpod lists it running"),
+               recoveries=0, max_recoveries=3, taken_down=False)
+    assert d.recover
+    assert d.reason == "ended unreachable: unreachable for 31 s while runpod lists it running"

@@ -176,22 +176,57 @@ async def _bring_up(ctx: Context, record: LaunchRecord) -> LaunchRecord:
     return record
 
 
+async def _answers(ctx: Context, handle: Handle, within: float = 30) -> LaunchError | None:
+    """None when the host runs a trivial command over SSH, else why not."""
+    try:
+        await run_checked(ctx, handle, "true", "true", within=within)
+    except (HostUnreachableError, RemoteCommandError) as exc:
+        return exc
+    return None
+
+
 async def _reachable(ctx: Context, handle: Handle, within: float) -> None:
     """Retry a trivial command until the host answers (a fresh host's sshd starts late);
     the last error is raised once ``within`` seconds have passed."""
 
     async def attempt() -> LaunchError | None:
-        try:
-            await run_checked(ctx, handle, "true", "true", within=30)
-        except (HostUnreachableError, RemoteCommandError) as exc:
+        if (failed := await _answers(ctx, handle)) is not None:
             log.info("launch_host_not_reachable_yet", instance=handle.instance_id,
-                     error=str(exc))
-            return exc
-        return None
+                     error=str(failed))
+        return failed
 
     if (failed := await poll_until(attempt, done=lambda e: e is None, within=within,
                                    every=REACH_INTERVAL)) is not None:
         raise HostUnreachableError(f"{failed} (still, after {within:.0f}s)") from failed
+
+
+async def _lost(ctx: Context, record: LaunchRecord, error: HostUnreachableError) -> tuple[str, str]:
+    """After following lost the host: look at it (the provider's listing, then SSH) until it
+    answers again ("back"), its provider lists it ended ("gone"), or it has not answered for
+    longer than ``[host] unreachable_after`` while listed ("dead"); with what was seen."""
+    bound, handle = ctx.config.host.unreachable_after, record.handle
+    lost = time.monotonic()
+    log.warning("launch_host_unreachable", launch=record.name, instance=handle.instance_id,
+                error=str(error), unreachable_after=bound)
+
+    async def look() -> tuple[str, str]:
+        listed = (await ctx.backend.status(handle)).state
+        answers = listed not in ENDED and await _answers(ctx, handle, min(bound, 30)) is None
+        seconds = time.monotonic() - lost
+        return (recovery.unreachable_verdict(listed in ENDED, answers, seconds, bound),
+                f"unreachable for {seconds:.0f} s while {ctx.backend.name} lists it {listed}")
+
+    verdict, why = await poll_until(look, done=lambda v: v[0] != "waiting", within=None,
+                                    every=REACH_INTERVAL)
+    seconds = round(time.monotonic() - lost, 3)
+    if verdict == "back":
+        log.info("launch_host_reachable_again", launch=record.name,
+                 instance=handle.instance_id, seconds=seconds)
+    elif verdict == "dead":
+        log.error("launch_host_unreachable_too_long", launch=record.name,
+                  instance=handle.instance_id, seconds=seconds, unreachable_after=bound,
+                  hint="destroying it; the run recovers on a new host")
+    return verdict, why
 
 
 def _public_key(cfg: LaunchConfig) -> str:
@@ -256,10 +291,12 @@ def log_event(line: str) -> str | None:
 
 async def follow(
     ctx: Context, record: LaunchRecord, detach: asyncio.Event, out: LineSink, lines: int = 50
-) -> str:
+) -> tuple[str, str]:
     """Print traind's log lines until the run finishes ("finished"), traind stops ("stopped"),
-    the provider says the unreachable host ended ("gone"), or ``detach`` is set ("detached",
-    the run goes on). A dropped connection to a host still there is retried."""
+    the provider says the unreachable host ended ("gone"), the host does not answer for
+    longer than ``[host] unreachable_after`` while listed ("unreachable"), or ``detach`` is
+    set ("detached", the run goes on); with why, for "unreachable". A dropped connection to
+    a host that answers again is followed on."""
     finished = asyncio.Event()
 
     def sink(line: str) -> None:
@@ -274,33 +311,32 @@ async def follow(
                                                                follow=True), stream=sink),
             detach.wait(), finished.wait(),
         )
+        error = None if tail.cancelled() else tail.exception()
+        if isinstance(error, HostUnreachableError) and not detach.is_set():
+            seen, *_ = await first_done(_lost(ctx, record, error), detach.wait())
+            verdict, why = ("back", "") if seen.cancelled() else seen.result()
+            if verdict in ("gone", "dead"):
+                return ("gone", "") if verdict == "gone" else ("unreachable", why)
         if detach.is_set():
             log.info("launch_detached", launch=record.name,
                      hint=f"the run goes on; traind launch logs {record.name} -f to follow again")
-            return "detached"
+            return "detached", ""
         if finished.is_set():
-            return "finished"
-        error = None if tail.cancelled() else tail.exception()
-        if isinstance(error, HostUnreachableError):
-            if (await ctx.backend.status(record.handle)).state in ENDED:
-                return "gone"
-            log.warning("launch_follow_reconnecting", launch=record.name, error=str(error))
-            await asyncio.sleep(5)
-        elif error is not None:
+            return "finished", ""
+        if error is not None and not isinstance(error, HostUnreachableError):
             raise error
-        elif not await service_active(ctx, record):
-            return "stopped"
-        else:
-            await asyncio.sleep(1)
+        if error is None and not await service_active(ctx, record):
+            return "stopped", ""
+        await asyncio.sleep(1)
         lines = 0
 
 
 async def follow_recovering(
     ctx: Context, record: LaunchRecord, detach: asyncio.Event, out: LineSink
 ) -> str:
-    """Follow as ``follow`` does; when traind stopped before the run completed or the host is
-    gone, destroy the host and bring traind up on a new one (it restores the newest committed
-    checkpoint), up to ``run.max_recoveries`` times."""
+    """Follow as ``follow`` does; when traind stopped before the run completed, or the host
+    is gone or unreachable for too long, destroy the host and bring traind up on a new one
+    (it restores the newest committed checkpoint), up to ``run.max_recoveries`` times."""
 
     async def wait_end(current: LaunchRecord) -> recovery.Ending:
         progress = recovery.Progress()
@@ -309,10 +345,11 @@ async def follow_recovering(
             progress.see(line)
             out(line)
 
-        state = await follow(ctx, current, detach, sink)
-        host = await ctx.backend.status(current.handle) if state in ("stopped", "gone") else None
-        why = "" if host is None else (f"traind ended before run_complete; the provider "
-                                       f"lists the host {host.state}: {host.message or '-'}")
+        state, why = await follow(ctx, current, detach, sink)
+        if state in ("stopped", "gone"):
+            host = await ctx.backend.status(current.handle)
+            why = (f"traind ended before run_complete; the provider lists the host "
+                   f"{host.state}: {host.message or '-'}")
         return progress.ending(state, why)
 
     return await recovery.follow_recovering(
