@@ -83,13 +83,15 @@ class Launcher:
             self.proc.wait(timeout=10)
 
 
-def committed(line: str, step: int | None = None) -> bool:
-    """Whether ``line`` is traind's checkpoint_committed event (for ``step``)."""
+def committed(line: str, step: int = 0) -> bool:
+    """Whether ``line`` is traind's checkpoint_committed event for ``step`` or a later one
+    (a streamer behind a fast trainer commits the newest checkpoint only)."""
     try:
         event = json.loads(line)
     except ValueError:
         return False
-    return event.get("event") == "checkpoint_committed" and step in (None, event.get("step"))
+    found = event.get("step") if event.get("event") == "checkpoint_committed" else None
+    return isinstance(found, int) and found >= step
 
 
 def kill_traind(remote: Path) -> None:
