@@ -51,8 +51,9 @@ async def test_a_copy_of_a_checkpoint_is_no_checkpoint(stores: Stores, tmp_path:
 async def test_malformed_manifests_cost_only_their_checkpoint(
     stores: Stores, tmp_path: Path
 ) -> None:
-    """Manifests nested too deeply, listing no file or one file twice, with a NaN time or a
-    step past 2**63: the listing holds every other checkpoint and names each refused one."""
+    """Manifests nested too deeply, listing no file or one file twice, with a NaN time, a
+    step past 2**63 or naming no writer: the listing holds every other checkpoint and names
+    each refused one."""
     store = stores.checkpoints()
     async with asyncio.timeout(90):
         ours = await _upload(store, tmp_path, {"w.bin": b"weights"}, A, "checkpoint-7")
@@ -67,6 +68,8 @@ async def test_malformed_manifests_cost_only_their_checkpoint(
             "checkpoint-4": json.dumps(good | {"tag": "checkpoint-4",
                                                "created_at": float("nan")}).encode(),
             "checkpoint-5": json.dumps(good | {"tag": "checkpoint-5", "step": 2**63}).encode(),
+            "checkpoint-6": json.dumps({k: v for k, v in good.items() if k != "writer"}
+                                       | {"tag": "checkpoint-6"}).encode(),
         }
         for tag, data in lies.items():
             await store.objects.put(f"{tag}/{MANIFEST_NAME}", data)

@@ -59,15 +59,13 @@ def check_claim(tag: str, ours: Writer, holder: Writer, where: str) -> None:
         raise ConflictError(tag, str(ours), str(holder), where)
 
 
-def check_committed(tag: str, ours: Writer | None, found: Manifest | None, where: str) -> None:
-    """Raise ConflictError when ``tag`` is committed already by another writer (a manifest
-    without a writer, from an older traind, is another's unless this one has none either)."""
+def check_committed(tag: str, ours: Writer, found: Manifest | None, where: str) -> None:
+    """Raise ConflictError when ``tag`` is committed already (``found``, a stored manifest,
+    which names its writer) by another writer."""
     if found is None:
         return
-    theirs = found.writer
-    if (theirs.id if theirs else None) != (ours.id if ours else None):
-        conflict = ConflictError(tag, str(ours), str(theirs or f"an older traind on {found.host}"),
-                                 where)
+    if found.writer is None or found.writer.id != ours.id:
+        conflict = ConflictError(tag, str(ours), str(found.writer), where)
         conflict.committed = found
         raise conflict
 
