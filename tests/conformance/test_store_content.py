@@ -104,10 +104,13 @@ async def test_part_manifests_of_another_place_or_malformed_are_ignored(
     NESTED,
     json.dumps({"id": A.id, "host": A.host, "nonce": "n", "renewed_at": float("nan")}).encode(),
     json.dumps({"id": ["x"], "host": "h"}).encode(),
-], ids=["nested", "nan-renewal", "id-not-a-string"])
+    json.dumps({"id": A.id, "host": A.host, "renewed_at": 1.0}).encode(),
+    json.dumps({"id": A.id, "host": A.host, "nonce": "n"}).encode(),
+], ids=["nested", "nan-renewal", "id-not-a-string", "no-nonce", "no-renewal"])
 async def test_a_malformed_claim_is_one_clear_error(stores: Stores, claim: bytes) -> None:
     """A claim object nested too deeply, renewed at NaN (a lease that would never go
-    stale) or naming no writer is an IntegrityError naming it, for every writer."""
+    stale), naming no writer, or without its nonce or renewal time, is an IntegrityError
+    naming it, for every writer."""
     store = stores.checkpoints()
     async with asyncio.timeout(60):
         await store.objects.put(f"checkpoint-7/{CLAIM_NAME}", claim)

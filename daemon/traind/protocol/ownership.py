@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 
 from traind.errors import StorageError
-from traind.layout.fields import optional, read, real, text
+from traind.layout.fields import read, real, text
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Manifest, Writer
 
@@ -78,7 +78,7 @@ that takes over the stale claim with that nonce (kept until the tag is deleted).
 @dataclass(frozen=True)
 class Lease:
     """A claim as stored: its writer, a nonce naming this taking of the tag, and when the
-    holder last renewed it (0: released, or written by a traind without leases)."""
+    holder last renewed it (0: released)."""
 
     writer: Writer
     nonce: str
@@ -107,7 +107,7 @@ class Lease:
     @property
     def marker(self) -> str:
         """The name whose atomic create decides who takes this claim over."""
-        return f"{TAKEOVER_PREFIX}{self.nonce or 'none'}.json"
+        return f"{TAKEOVER_PREFIX}{self.nonce}.json"
 
     def to_json(self) -> bytes:
         """The claim object's body in the store: the writer, nonce and last renewal."""
@@ -117,11 +117,10 @@ class Lease:
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Lease:
-        """Parse a claim object (one without nonce and renewal is a released one); raise
+        """Parse a claim object, which names its writer, nonce and last renewal; raise
         IntegrityError if malformed."""
         return read(data, "writer claim", lambda raw: cls(
-            Writer.of(raw), optional(raw, "nonce", text) or "",
-            optional(raw, "renewed_at", real) or 0.0))
+            Writer.of(raw), text(raw, "nonce"), real(raw, "renewed_at")))
 
 
 def is_claim_file(name: str) -> bool:

@@ -89,12 +89,14 @@ def test_a_lease_renewed_further_ahead_than_the_ttl_is_stale() -> None:
     assert not Lease(A, "n1", renewed_at=1030.0).stale(60.0, now=1000.0)
 
 
-def test_a_claim_without_renewal_is_read_as_released() -> None:
-    """A claim written before leases (a bare writer) is stale at once: it is never renewed."""
-    lease = Lease.from_json(A.to_json())
-    assert lease.writer == A
-    assert lease.renewed_at == 0.0
-    assert lease.stale(600.0)
+def test_a_claim_names_its_nonce_and_renewal() -> None:
+    """A released claim reads back released (renewed at 0: stale at once); a claim naming
+    no nonce or no renewal time (a bare writer) is malformed."""
+    released = Lease.from_json(Lease.new(A).renewed(0.0).to_json())
+    assert released.renewed_at == 0.0
+    assert released.stale(600.0)
+    with pytest.raises(IntegrityError, match="malformed writer claim: no 'nonce'"):
+        Lease.from_json(A.to_json())
 
 
 def test_another_writers_claim_is_held_until_committed() -> None:
