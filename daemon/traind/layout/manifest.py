@@ -124,8 +124,8 @@ class Manifest:
     @classmethod
     def unwritten_from_json(cls, data: bytes | str) -> Manifest:
         """Parse and validate a manifest made up for a checkpoint no traind committed: every
-        field as ``from_json`` checks it but the writer, which it has none of (``writer``);
-        raise IntegrityError if malformed."""
+        field checked as ``from_json`` checks it, and no writer read, as it names none
+        (``writer``); raise IntegrityError if malformed."""
         return read(data, "manifest", lambda raw: cls._of(raw, None))
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -103,13 +104,16 @@ async def test_manifest_is_created_once(tmp_path: Path) -> None:
 
 async def test_a_manifest_naming_no_writer_is_unreadable(tmp_path: Path) -> None:
     """A stored manifest naming no writer is malformed: named in the listing, never found
-    to restore, pruned or claimed over; every other checkpoint listed, restored and pruned."""
+    to restore, pruned or claimed over; every other checkpoint listed, restored and pruned.
+    A commit never writes one."""
     store = local(tmp_path)
     for step in (1, 2, 3, 4):
         tag = f"checkpoint-{step}"
         await store.claim(tag, A)
         await store.commit(Manifest("run1", tag, step, await one_file(store, tag), writer=A))
     nameless = tmp_path / "store" / "run1" / "checkpoint-4" / MANIFEST_NAME
+    with pytest.raises(ValueError, match="naming no writer is not committed"):
+        await store.commit(replace(Manifest.from_json(nameless.read_bytes()), writer=None))
     nameless.write_text(json.dumps(json.loads(nameless.read_bytes()) | {"writer": None}))
     with capture_logs() as logs:
         listing = await store.listing()
