@@ -484,7 +484,7 @@ def _backend(endpoint: str, bucket: str) -> Any:
 
 
 async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> None:
-    from traind.layout.manifest import FileEntry, Manifest
+    from traind.layout.manifest import FileEntry, Manifest, Writer
     from traind.storage import LocalFile
 
     root = Path(src)
@@ -495,7 +495,8 @@ async def _traind_upload(endpoint: str, bucket: str, src: str, inside: str) -> N
         with journal_session("checkpoint-1") as session, recorded(Path(inside)):
             await backend.upload("checkpoint-1", root, files, session)
             entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
-            await backend.commit(Manifest(run="run", tag="checkpoint-1", step=1, files=entries))
+            await backend.commit(Manifest(run="run", tag="checkpoint-1", step=1, files=entries,
+                                          writer=Writer("b" * 32, "bench")))
     finally:
         await backend.aclose()
 

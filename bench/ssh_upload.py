@@ -340,7 +340,7 @@ def open_ssh(config: Any) -> Any:
 async def worker(config_path: Path, ckpt: Path, transfer: str) -> None:
     """Child-process mode: upload ``ckpt`` with the traind SSH store, then commit it."""
     from traind.config import SSHStorage
-    from traind.layout.manifest import FileEntry, Manifest
+    from traind.layout.manifest import FileEntry, Manifest, Writer
     from traind.storage import LocalFile
 
     raw = json.loads(config_path.read_text())
@@ -357,7 +357,7 @@ async def worker(config_path: Path, ckpt: Path, transfer: str) -> None:
             await backend.upload(ckpt.name, ckpt, files, session)
             entries = tuple(FileEntry(f.path, f.size, session.done[f.path]) for f in files)
             await backend.commit(Manifest(run="bench", tag=ckpt.name, step=1000,
-                                          files=entries))
+                                          files=entries, writer=Writer("b" * 32, "bench")))
         finally:
             await backend.aclose()
 

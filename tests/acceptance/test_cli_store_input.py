@@ -19,7 +19,7 @@ from tests.support.checkpoints import write_checkpoint
 from tests.support.daemon import DaemonProcess, write_config
 
 from traind.layout.keys import MANIFEST_NAME
-from traind.layout.manifest import FileEntry, Manifest
+from traind.layout.manifest import FileEntry, Manifest, Writer
 
 RUN = "exp"
 
@@ -131,7 +131,8 @@ def sparse_checkpoint(store: Path, size: int) -> None:
     with open(tag / "shard-0.bin", "wb") as f:
         f.truncate(size)
     manifest = Manifest(run=RUN, tag="checkpoint-1", step=1, created_at=time.time(),
-                        files=(FileEntry("shard-0.bin", size, "0" * 64),), host="h")
+                        files=(FileEntry("shard-0.bin", size, "0" * 64),), host="h",
+                        writer=Writer("a" * 32, "h"))
     (tag / MANIFEST_NAME).write_bytes(manifest.to_json())
 
 

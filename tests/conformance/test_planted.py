@@ -16,7 +16,7 @@ from tests.support.sessions import NoSession, RecordingSession
 
 from traind.errors import IntegrityError, LinkedPathError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
-from traind.layout.manifest import FileEntry, Manifest
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.storage import LocalFile
 from traind.storage.base import CREATE
 
@@ -50,7 +50,7 @@ def _manifest(tag: str, step: int) -> bytes:
     """A committed checkpoint's manifest of one file."""
     entry = FileEntry("model.bin", 7, "0" * 64)
     return Manifest(run="run", tag=tag, step=step, files=(entry,), created_at=1.0,
-                    host="h").to_json()
+                    host="h", writer=Writer("a" * 32, "h")).to_json()
 
 
 @on_disk

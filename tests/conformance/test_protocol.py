@@ -18,6 +18,7 @@ from traind.errors import MissingFilesError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore
+from traind.protocol.listing_claims import CLAIMANTS
 from traind.protocol.ownership import ClaimHeldError, ConflictError, Lease
 from traind.storage.base import Blob
 
@@ -194,6 +195,25 @@ async def test_the_manifest_is_one_writers(stores: Stores, tmp_path: Path) -> No
             await stores.checkpoints().claim(TAG, B)
         assert claimed.value.committed == ours
         assert [m.writer for m in await store.manifests()] == [A]
+
+
+@claiming
+async def test_a_manifest_that_outlived_its_claim_is_its_writers(stores: Stores,
+                                                                 tmp_path: Path) -> None:
+    """A committed checkpoint whose claim is gone (a stale writer's manifest landing after a
+    takeover removed its claim) stays its writer's: another's claim is refused, carrying
+    the manifest, and withdrawn."""
+    store = stores.checkpoints()
+    async with asyncio.timeout(60):
+        ours = await _upload(store, tmp_path / "src", {"x.bin": b"x"}, A)
+        await store.commit(ours)
+        await store.objects.delete([f"{TAG}/{n}" for n in await stores.names(TAG)
+                                    if n == CLAIM_NAME or n.startswith(CLAIMANTS)])
+        with pytest.raises(ConflictError) as claimed:
+            await stores.checkpoints().claim(TAG, B)
+        assert claimed.value.committed == ours
+        assert CLAIM_NAME not in await stores.names(TAG)
+        assert await store.manifests() == [ours]
 
 
 async def test_delete_leaves_nothing_and_frees_the_tag(stores: Stores, tmp_path: Path) -> None:

@@ -51,8 +51,9 @@ async def test_a_copy_of_a_checkpoint_is_no_checkpoint(stores: Stores, tmp_path:
 async def test_malformed_manifests_cost_only_their_checkpoint(
     stores: Stores, tmp_path: Path
 ) -> None:
-    """Manifests nested too deeply, listing no file or one file twice, with a NaN time or a
-    step past 2**63: the listing holds every other checkpoint and names each refused one."""
+    """Manifests nested too deeply, listing no file or one file twice, with a NaN time, a
+    step past 2**63 or naming no writer: the listing holds every other checkpoint and names
+    each refused one."""
     store = stores.checkpoints()
     async with asyncio.timeout(90):
         ours = await _upload(store, tmp_path, {"w.bin": b"weights"}, A, "checkpoint-7")
@@ -67,6 +68,8 @@ async def test_malformed_manifests_cost_only_their_checkpoint(
             "checkpoint-4": json.dumps(good | {"tag": "checkpoint-4",
                                                "created_at": float("nan")}).encode(),
             "checkpoint-5": json.dumps(good | {"tag": "checkpoint-5", "step": 2**63}).encode(),
+            "checkpoint-6": json.dumps({k: v for k, v in good.items() if k != "writer"}
+                                       | {"tag": "checkpoint-6"}).encode(),
         }
         for tag, data in lies.items():
             await store.objects.put(f"{tag}/{MANIFEST_NAME}", data)
@@ -101,10 +104,13 @@ async def test_part_manifests_of_another_place_or_malformed_are_ignored(
     NESTED,
     json.dumps({"id": A.id, "host": A.host, "nonce": "n", "renewed_at": float("nan")}).encode(),
     json.dumps({"id": ["x"], "host": "h"}).encode(),
-], ids=["nested", "nan-renewal", "id-not-a-string"])
+    json.dumps({"id": A.id, "host": A.host, "renewed_at": 1.0}).encode(),
+    json.dumps({"id": A.id, "host": A.host, "nonce": "n"}).encode(),
+], ids=["nested", "nan-renewal", "id-not-a-string", "no-nonce", "no-renewal"])
 async def test_a_malformed_claim_is_one_clear_error(stores: Stores, claim: bytes) -> None:
     """A claim object nested too deeply, renewed at NaN (a lease that would never go
-    stale) or naming no writer is an IntegrityError naming it, for every writer."""
+    stale), naming no writer, or without its nonce or renewal time, is an IntegrityError
+    naming it, for every writer."""
     store = stores.checkpoints()
     async with asyncio.timeout(60):
         await store.objects.put(f"checkpoint-7/{CLAIM_NAME}", claim)

@@ -101,8 +101,10 @@ class Manifest:
     host: str = field(default_factory=socket.gethostname)
     trainer: TrainerFacts = field(default_factory=TrainerFacts)
     version: int = FORMAT_VERSION
-    writer: Writer | None = None
-    """Who committed it; None in manifests written before writers were recorded."""
+    writer: Writer | None = field(kw_only=True)
+    """Who committed it, which a stored manifest always names (``from_json``). None only in
+    the manifest made up for a checkpoint no traind committed, one HF Trainer pushed to the
+    Hub itself (``protocol.trainer_pushed``: read with ``unwritten_from_json``)."""
 
     @property
     def total_bytes(self) -> int:
@@ -115,11 +117,19 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Manifest:
-        """Parse and validate the on-store JSON form; raise IntegrityError if malformed."""
-        return read(data, "manifest", cls._of)
+        """Parse and validate the on-store JSON form, which names its writer; raise
+        IntegrityError if malformed."""
+        return read(data, "manifest", lambda raw: cls._of(raw, Writer.of(obj(raw, "writer"))))
 
     @classmethod
-    def _of(cls, raw: Mapping[str, Any]) -> Manifest:
+    def unwritten_from_json(cls, data: bytes | str) -> Manifest:
+        """Parse and validate a manifest made up for a checkpoint no traind committed: every
+        field checked as ``from_json`` checks it, and no writer read, as it names none
+        (``writer``); raise IntegrityError if malformed."""
+        return read(data, "manifest", lambda raw: cls._of(raw, None))
+
+    @classmethod
+    def _of(cls, raw: Mapping[str, Any], writer: Writer | None) -> Manifest:
         check_version(raw, "manifest")
         manifest = cls(
             run=check_component(text(raw, "run"), "run name"),
@@ -129,7 +139,7 @@ class Manifest:
             created_at=real(raw, "created_at"),
             host=text(raw, "host"),
             trainer=TrainerFacts.of(raw.get("trainer") or {}),
-            writer=None if raw.get("writer") is None else Writer.of(obj(raw, "writer")),
+            writer=writer,
         )
         total = manifest.total_bytes
         if total >= INT_LIMIT or ("total_bytes" in raw and count(raw, "total_bytes") != total):

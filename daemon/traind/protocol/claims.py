@@ -48,7 +48,11 @@ async def claim(store: ObjectStore, run: str, tag: str, writer: Writer) -> None:
         check_lease(tag, writer, Lease.from_json(found.data),
                     await read_manifest(store, run, tag), store.where(key))
         return
-    try:  # committed by a traind from before claims: a manifest without a claim
+    # The tag may be another's without a claim object of its own: a multi-node job's hosts
+    # hold part claims (``claim_part`` looks for this claim after its own), and on a store
+    # without compare-and-swap a stale writer's manifest (a retried put) may land after a
+    # takeover removed its claim. Refused here, before any data of this writer goes out.
+    try:
         await _unclaimed(store, run, tag, writer)
     except StorageError:
         await store.delete([key])

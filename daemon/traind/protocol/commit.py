@@ -69,10 +69,13 @@ async def commit(store: ObjectStore, run: str, manifest: Manifest, union: bool =
     """Check the files are stored, then write the manifest, never over one already there
     unless its writer is this manifest's (a retried commit): after this the checkpoint
     exists. ``union``: the manifest of a multi-node job's parts, whose claims are there.
-    ``run``: the store's, which the manifest must name (else no listing would find it)."""
+    ``run``: the store's, which the manifest must name (else no listing would find it); and
+    it names its writer (else a listing refuses it as malformed)."""
     if manifest.run != run:
         raise ValueError(f"a manifest of run {manifest.run!r} is not committed in the store "
                          f"of run {run!r}")
+    if (writer := manifest.writer) is None:
+        raise ValueError(f"a manifest of {manifest.tag} naming no writer is not committed")
     key = f"{check_tag(manifest.tag)}/{MANIFEST_NAME}"
     body = manifest.to_json()
     caps = await store.capabilities()
@@ -80,12 +83,12 @@ async def commit(store: ObjectStore, run: str, manifest: Manifest, union: bool =
         base = f"{manifest.tag}/"
         if not await staging(store).publish(
                 base, local_files(manifest.files), f"commit {manifest.tag} of writer "
-                f"{manifest.writer}", key=key, data=body,
+                f"{writer}", key=key, data=body,
                 unless=None if union else base + PART_CLAIM_PREFIX):
             found = await read_manifest(store, run, manifest.tag)
-            check_committed(manifest.tag, manifest.writer, found, store.where(key))
+            check_committed(manifest.tag, writer, found, store.where(key))
             if found is None:  # refused for the parts a multi-node job's hosts claimed
-                raise ConflictError(manifest.tag, str(manifest.writer), "a multi-node job",
+                raise ConflictError(manifest.tag, str(writer), "a multi-node job",
                                     store.where(base))
         return
     names = await verify_stored(store, manifest.tag, manifest.files)
@@ -97,8 +100,8 @@ async def commit(store: ObjectStore, run: str, manifest: Manifest, union: bool =
         await store.delete([f"{manifest.tag}/{n}" for n in strays])
     if caps.create and await store.put(key, body, CREATE):
         return
-    check_committed(manifest.tag, manifest.writer,
-                    await read_manifest(store, run, manifest.tag), store.where(key))
+    check_committed(manifest.tag, writer, await read_manifest(store, run, manifest.tag),
+                    store.where(key))
     await store.put(key, body, OVERWRITE)  # none there, or our own retried: these objects
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 
 from traind.errors import StorageError
-from traind.layout.fields import optional, read, real, text
+from traind.layout.fields import read, real, text
 from traind.layout.keys import CLAIM_NAME
 from traind.layout.manifest import Manifest, Writer
 
@@ -59,15 +59,13 @@ def check_claim(tag: str, ours: Writer, holder: Writer, where: str) -> None:
         raise ConflictError(tag, str(ours), str(holder), where)
 
 
-def check_committed(tag: str, ours: Writer | None, found: Manifest | None, where: str) -> None:
-    """Raise ConflictError when ``tag`` is committed already by another writer (a manifest
-    without a writer, from an older traind, is another's unless this one has none either)."""
+def check_committed(tag: str, ours: Writer, found: Manifest | None, where: str) -> None:
+    """Raise ConflictError when ``tag`` is committed already (``found``, a stored manifest,
+    which names its writer) by another writer."""
     if found is None:
         return
-    theirs = found.writer
-    if (theirs.id if theirs else None) != (ours.id if ours else None):
-        conflict = ConflictError(tag, str(ours), str(theirs or f"an older traind on {found.host}"),
-                                 where)
+    if found.writer is None or found.writer.id != ours.id:
+        conflict = ConflictError(tag, str(ours), str(found.writer), where)
         conflict.committed = found
         raise conflict
 
@@ -80,7 +78,7 @@ that takes over the stale claim with that nonce (kept until the tag is deleted).
 @dataclass(frozen=True)
 class Lease:
     """A claim as stored: its writer, a nonce naming this taking of the tag, and when the
-    holder last renewed it (0: released, or written by a traind without leases)."""
+    holder last renewed it (0: released)."""
 
     writer: Writer
     nonce: str
@@ -109,7 +107,7 @@ class Lease:
     @property
     def marker(self) -> str:
         """The name whose atomic create decides who takes this claim over."""
-        return f"{TAKEOVER_PREFIX}{self.nonce or 'none'}.json"
+        return f"{TAKEOVER_PREFIX}{self.nonce}.json"
 
     def to_json(self) -> bytes:
         """The claim object's body in the store: the writer, nonce and last renewal."""
@@ -119,11 +117,10 @@ class Lease:
 
     @classmethod
     def from_json(cls, data: bytes | str) -> Lease:
-        """Parse a claim object (one without nonce and renewal is a released one); raise
+        """Parse a claim object, which names its writer, nonce and last renewal; raise
         IntegrityError if malformed."""
         return read(data, "writer claim", lambda raw: cls(
-            Writer.of(raw), optional(raw, "nonce", text) or "",
-            optional(raw, "renewed_at", real) or 0.0))
+            Writer.of(raw), text(raw, "nonce"), real(raw, "renewed_at")))
 
 
 def is_claim_file(name: str) -> bool:

@@ -99,8 +99,7 @@ class CheckpointStore:
         (the caller verifies and renames). A file missing from the store: IntegrityError."""
         files = commit.local_files(manifest.files)
         source = self.objects
-        if self._foreign is not None and manifest.host == foreign.PUSHED_BY and (
-                manifest.writer is None):
+        if self._foreign is not None and manifest.writer is None:
             source = self._foreign  # HF Trainer's own push, at the repo's root
         return await source.fetch(f"{check_tag(manifest.tag)}/", files, dest, advance)
 

@@ -3,9 +3,9 @@
 ``checkpoint-N/``, at the repo's root, without a traind manifest).
 
 They are listed and restored, never pruned or written: each becomes a manifest made up from
-the store's listing, every file's sha256 the one the store recorded (the Hub's, for LFS
-files) or, for a small file kept in git, that of its bytes as read now. Restoring then
-verifies what arrives against it like any checkpoint.
+the store's listing, naming no writer, every file's sha256 the one the store recorded (the
+Hub's, for LFS files) or, for a small file kept in git, that of its bytes as read now.
+Restoring then verifies what arrives against it like any checkpoint.
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ async def trainer_checkpoints(root: ObjectStore, run: str, concurrency: int) -> 
         step = int(numbered.group(2)) if numbered and numbered.group(2) else (
             facts.global_step or 0)
         made = Manifest(run, name, step, tuple(files), created_at=0.0, host=PUSHED_BY,
-                        trainer=facts)
-        # validated as a stored manifest is: a made-up one may hold no less
-        found = listed(made.to_json(), root.where(f"{name}/"), run, name, Manifest.from_json)
+                        trainer=facts, writer=None)
+        # validated as a stored manifest is, but for its writer: it has none
+        found = listed(made.to_json(), root.where(f"{name}/"), run, name,
+                       Manifest.unwritten_from_json)
         return found if isinstance(found, Manifest) else None
 
     return [m for m in await fan_out(names, concurrency, made_up) if m is not None]

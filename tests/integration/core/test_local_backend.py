@@ -16,9 +16,11 @@ from traind.checkpoints.state.journal import Journal, JournalSession
 from traind.config import LocalStorage
 from traind.errors import IntegrityError, NotFoundError, StorageError
 from traind.layout.keys import MANIFEST_NAME
-from traind.layout.manifest import FileEntry, Manifest
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore, open_storage
 from traind.storage import LocalFile
+
+W = Writer("a" * 32, "h")
 
 
 def make_checkpoint(root: Path) -> dict[str, bytes]:
@@ -49,7 +51,8 @@ async def upload(backend: CheckpointStore, tmp_path: Path, tag: str) -> Manifest
     for f in stored:
         assert f.sha256 == hashlib.sha256(files[f.path]).hexdigest()
     manifest = Manifest(
-        "run", tag, 4, tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored)
+        "run", tag, 4, tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored),
+        writer=W,
     )
     return manifest
 
@@ -173,7 +176,8 @@ async def test_odd_file_names_round_trip(tmp_path: Path) -> None:
     stored = await journal.files("checkpoint-2")
     journal.close()
     await backend.commit(Manifest(
-        "run", "checkpoint-2", 2, tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored)
+        "run", "checkpoint-2", 2, tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored),
+        writer=W,
     ))
     assert {n: (tmp_path / "store/run/checkpoint-2" / n).read_bytes() for n in names} == names
     dest = await restore(backend, await find(backend, "latest"), tmp_path / "restored")

@@ -17,8 +17,10 @@ from traind.checkpoints.restore.download import identity
 from traind.checkpoints.retention import pruner
 from traind.checkpoints.state.journal import Journal
 from traind.config import RetentionConfig
-from traind.layout.manifest import Manifest
+from traind.layout.manifest import Manifest, Writer
 from traind.protocol.testing import MemoryBackend
+
+W = Writer("a" * 32, "h")
 
 
 async def test_a_directory_sharing_a_committed_tag_is_not_deleted(tmp_path: Path) -> None:
@@ -31,7 +33,7 @@ async def test_a_directory_sharing_a_committed_tag_is_not_deleted(tmp_path: Path
         for step, source in [(5, tmp_path / "elsewhere"), (6, out)]:
             tag = f"checkpoint-{step}"
             await journal.record_committed(tag, step, source / tag, store.describe)
-            await store.commit(Manifest("r", tag, step, await one_file(store, tag)))
+            await store.commit(Manifest("r", tag, step, await one_file(store, tag), writer=W))
         for step in (5, 6, 7):
             write_checkpoint(out, step)
         plan = await pruner.prune(
@@ -91,7 +93,7 @@ async def test_a_corrupt_newest_does_not_count_towards_keep_last(tmp_path: Path)
     try:
         for step in (2, 3, 4):
             tag = f"checkpoint-{step}"
-            await store.commit(Manifest("r", tag, step, await one_file(store, tag)))
+            await store.commit(Manifest("r", tag, step, await one_file(store, tag), writer=W))
         bad = store.manifest_by_tag["checkpoint-4"]
         await journal.record_corrupt("checkpoint-4", identity(bad), "x: sha256 differs")
         plan = await pruner.prune(

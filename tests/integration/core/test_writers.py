@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from tests.support.checkpoints import ONE_FILE
+from tests.support.checkpoints import one_file, run_in
 from tests.support.writers import check_one_writer_each, close, race, side
 
-from traind.config import LocalStorage
+from traind.checkpoints.restore.download import find, restore
+from traind.checkpoints.retention import pruner
+from traind.checkpoints.state.journal import Journal
+from traind.config import LocalStorage, RetentionConfig
+from traind.errors import IntegrityError, NotFoundError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore, open_storage
@@ -97,17 +102,41 @@ async def test_manifest_is_created_once(tmp_path: Path) -> None:
     assert [m.writer for m in await store.manifests()] == [A]
 
 
-async def test_checkpoint_of_an_older_traind_is_nobodys_to_overwrite(tmp_path: Path) -> None:
-    """A checkpoint committed before claims existed (a manifest without writer or claim)
-    is another writer's: the claim is refused and withdrawn."""
-    tag_dir = tmp_path / "store" / "run1" / "checkpoint-1"
-    tag_dir.mkdir(parents=True)
-    old = json.loads(Manifest("run1", "checkpoint-1", 1, (ONE_FILE,), host="old-host").to_json())
-    del old["writer"]
-    (tag_dir / MANIFEST_NAME).write_text(json.dumps(old))
-    with pytest.raises(ConflictError, match="older traind on old-host"):
-        await local(tmp_path).claim("checkpoint-1", A)
-    assert not (tag_dir / CLAIM_NAME).exists()
+async def test_a_manifest_naming_no_writer_is_unreadable(tmp_path: Path) -> None:
+    """A stored manifest naming no writer is malformed: named in the listing, never found
+    to restore, pruned or claimed over; every other checkpoint listed, restored and pruned.
+    A commit never writes one."""
+    store = local(tmp_path)
+    for step in (1, 2, 3, 4):
+        tag = f"checkpoint-{step}"
+        await store.claim(tag, A)
+        await store.commit(Manifest("run1", tag, step, await one_file(store, tag), writer=A))
+    nameless = tmp_path / "store" / "run1" / "checkpoint-4" / MANIFEST_NAME
+    with pytest.raises(ValueError, match="naming no writer is not committed"):
+        await store.commit(replace(Manifest.from_json(nameless.read_bytes()), writer=None))
+    nameless.write_text(json.dumps(json.loads(nameless.read_bytes()) | {"writer": None}))
+    with capture_logs() as logs:
+        listing = await store.listing()
+    assert sorted(m.tag for m in listing.manifests) == [f"checkpoint-{n}" for n in (1, 2, 3)]
+    assert [(u.where, u.error) for u in listing.unreadable] == [
+        (str(nameless), "malformed manifest: writer None is not an object")]
+    assert [e["where"] for e in logs if e["event"] == "manifest_unreadable"] == [str(nameless)]
+    with pytest.raises(NotFoundError):
+        await find(store, "checkpoint-4")
+    restored = await restore(store, await find(store, "latest"), tmp_path / "restored")
+    assert restored.name == "checkpoint-3"
+    with pytest.raises(IntegrityError, match="malformed manifest"):
+        await store.claim("checkpoint-4", B)
+    journal = Journal.in_state_dir(tmp_path / "state", run_in(tmp_path))
+    try:
+        plan = await pruner.prune(store, journal, RetentionConfig(keep_last=1),
+                                  tmp_path / "out", "checkpoint-*")
+    finally:
+        journal.close()
+    assert {v.tag: v.keep for v in plan.remote} == {
+        "checkpoint-1": False, "checkpoint-2": False, "checkpoint-3": True}
+    assert [m.tag for m in await store.manifests()] == ["checkpoint-3"]
+    assert nameless.exists()
 
 
 async def test_delete_removes_the_claim_last(tmp_path: Path) -> None:

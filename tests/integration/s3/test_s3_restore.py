@@ -17,13 +17,14 @@ from tests.support.seaweed import SeaweedS3
 
 from traind.config import S3Storage
 from traind.errors import IntegrityError, StorageError, TransientStorageError
-from traind.layout.manifest import FileEntry, Manifest
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.storage.s3.store import S3Store
 
 pytestmark = pytest.mark.timeout(60)
 Make = Callable[[S3Storage], S3Store]
 SIZES = {"model.safetensors": 12 * MIB + 77, "config.json": 1000, "empty.txt": 0}
 RANGES = 13 + 1  # 1 MiB ranges of the large file, and the small one
+W = Writer("a" * 32, "h")
 
 
 @pytest.fixture(autouse=True)
@@ -156,7 +157,7 @@ async def test_restore_errors_are_translated(
     store = stores(s3_config(s3_server, bucket))
     (entry,) = manifest.files
     missing = Manifest(run="run1", tag="checkpoint-1", step=1,
-                       files=(FileEntry("nope.bin", 10, entry.sha256),))
+                       files=(FileEntry("nope.bin", 10, entry.sha256),), writer=W)
     async with asyncio.timeout(20):
         with pytest.raises(StorageError, match="NoSuchKey") as caught:
             await store.fetch("checkpoint-1/", files_of(missing), tmp_path / "out",
@@ -164,7 +165,7 @@ async def test_restore_errors_are_translated(
         assert not isinstance(caught.value, TransientStorageError)
         for size in (entry.size + 1, entry.size - 1):
             wrong = Manifest(run="run1", tag="checkpoint-1", step=1,
-                             files=(FileEntry("a.bin", size, entry.sha256),))
+                             files=(FileEntry("a.bin", size, entry.sha256),), writer=W)
             with pytest.raises(IntegrityError, match="does not match its manifest"):
                 await store.fetch("checkpoint-1/", files_of(wrong), tmp_path / "out",
                                   lambda n: None)
@@ -177,7 +178,7 @@ async def test_restore_unreachable_endpoint_fails_fast(
     be down for now (the daemon waits for it; a command says so and ends)."""
     config = s3_config(s3_server, "b", endpoint_url="http://127.0.0.1:9", retries=2)
     manifest = Manifest(run="run1", tag="checkpoint-1", step=1,
-                        files=(FileEntry("a.bin", 10, "0" * 64),))
+                        files=(FileEntry("a.bin", 10, "0" * 64),), writer=W)
     async with asyncio.timeout(20):
         with pytest.raises(StorageError, match="cannot reach the S3 endpoint") as caught:
             await stores(config).fetch("checkpoint-1/", files_of(manifest), tmp_path / "out",

@@ -30,7 +30,7 @@ from tests.support.seaweed import READONLY_ACCESS_KEY, READONLY_SECRET_KEY, Seaw
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
 from traind.layout.keys import CLAIM_NAME, MANIFEST_NAME
-from traind.layout.manifest import FileEntry, Manifest
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore
 from traind.storage import LocalFile
 from traind.storage.s3 import client as s3_client
@@ -48,7 +48,8 @@ MakeStore = Callable[[S3Storage], S3Store]
 def manifest_of(tag: str, root: Path, done: dict[str, str]) -> Manifest:
     """The manifest the streamer would write for what the store reported."""
     files = tuple(FileEntry(p, (root / p).stat().st_size, sha) for p, sha in sorted(done.items()))
-    return Manifest(run="run1", tag=tag, step=int(tag.rpartition("-")[2]), files=files)
+    return Manifest(run="run1", tag=tag, step=int(tag.rpartition("-")[2]), files=files,
+                    writer=Writer("a" * 32, "h"))
 
 
 def files_of(manifest: Manifest) -> list[LocalFile]:

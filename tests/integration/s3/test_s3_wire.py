@@ -19,7 +19,7 @@ from tests.support.net import serving
 from traind import __version__
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
-from traind.layout.manifest import FileEntry, Manifest
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.storage.s3.store import S3Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -200,7 +200,7 @@ async def test_a_chunked_error_body_is_read_to_its_end(
     the body's end: the error names S3's code and its whole message, and a permanent error
     is not retried."""
     manifest = Manifest(run="run1", tag="checkpoint-1", step=1,
-                        files=(FileEntry("archived", 10, "0" * 64),))
+                        files=(FileEntry("archived", 10, "0" * 64),), writer=Writer("a" * 32, "h"))
     async with Store().running() as store:
         async with asyncio.timeout(30):
             with pytest.raises(StorageError, match="InvalidObjectState") as caught:

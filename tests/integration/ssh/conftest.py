@@ -22,7 +22,7 @@ from tests.support.sshd import HOST, SSHServer
 from traind.checkpoints.state.journal import Journal, JournalSession
 from traind.config import SSHStorage
 from traind.errors import StorageError
-from traind.layout.manifest import FileEntry, Manifest
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol import CheckpointStore, open_storage
 from traind.storage import LocalFile
 
@@ -203,6 +203,7 @@ def store(journal: Journal) -> Store:
         manifest = Manifest(
             run="run1", tag=tag, step=1,
             files=tuple(FileEntry(f.path, f.size, f.sha256 or "") for f in stored),
+            writer=Writer("a" * 32, "h"),
         )
         await backend.commit(manifest)
         await journal.set_state(tag, "committed")

@@ -15,7 +15,7 @@ from tests.support.sshd import SSHServer
 from traind.checkpoints.restore.download import restore
 from traind.errors import UnsafePathError
 from traind.layout.keys import MANIFEST_NAME
-from traind.layout.manifest import FileEntry, Manifest
+from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.storage import LocalFile
 
 Checkpoint = Callable[[str, dict[str, bytes]], tuple[Path, list[LocalFile]]]
@@ -47,7 +47,7 @@ async def test_hostile_tag_is_rejected_everywhere(
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.bin").write_bytes(b"a")
     manifest = Manifest(run="run1", tag="checkpoint-1", step=1,
-                        files=(FileEntry("a.bin", 1, "0" * 64),))
+                        files=(FileEntry("a.bin", 1, "0" * 64),), writer=Writer("a" * 32, "h"))
     object.__setattr__(manifest, "tag", tag)  # as if read from a tampered store
     async with asyncio.timeout(10):
         with pytest.raises(UnsafePathError):

@@ -13,9 +13,11 @@ from traind.checkpoints.multinode.parts import WaitingParts
 from traind.checkpoints.multinode.resume import Waiting
 from traind.checkpoints.state.space import Pinned
 from traind.config import RetentionConfig
-from traind.layout.manifest import Manifest
+from traind.layout.manifest import Manifest, Writer
 from traind.status.render import render
 from traind.supervisor.runner import ChildStatus
+
+W = Writer("a" * 32, "h")
 
 
 def restarts(observer: Observer) -> dict[str, float]:
@@ -183,7 +185,7 @@ def test_checkpoint_life_from_the_log_events() -> None:
     assert [e["stage"] for e in observer.snapshot()["timeline"]] == ["queued", "queued"]
     assert samples(observer, "traind_newest_checkpoint_unsafe_seconds")[()] >= 0.5
     assert set(samples(observer, "traind_save_interval_seconds")) == {()}  # two saves seen
-    observer.committed(Manifest("run", "checkpoint-2", 2, ()))
+    observer.committed(Manifest("run", "checkpoint-2", 2, (), writer=W))
     assert observer.snapshot()["timeline"][-1]["stage"] == "committed"
     assert samples(observer, "traind_newest_checkpoint_unsafe_seconds") == {(): 0.0}
     assert samples(observer, "traind_save_to_safe_seconds_count") == {(): 1}
@@ -204,7 +206,7 @@ def test_hangs_are_counted_by_child() -> None:
 def test_the_next_prune_is_shown_with_its_reasons() -> None:
     """/status lists what retention would delete from the store now, and only on the host
     that prunes it."""
-    stored = [Manifest("run", f"checkpoint-{n}", n, ()) for n in (1, 2, 3)]
+    stored = [Manifest("run", f"checkpoint-{n}", n, (), writer=W) for n in (1, 2, 3)]
     policy = RetentionConfig(keep_last=2, keep_best=False)
     unknown = Observer("run", idle_streamer(), lambda: "s3", lambda: 0)
     pruning = Observer("run", idle_streamer(), lambda: "s3", lambda: 0,

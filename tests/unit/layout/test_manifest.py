@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from traind.errors import IntegrityError, UnsafePathError
 from traind.layout.keys import check_relpath, check_tag
-from traind.layout.manifest import FileEntry, Manifest, TrainerFacts, read_trainer_facts, verify
+from traind.layout.manifest import (
+    FileEntry,
+    Manifest,
+    TrainerFacts,
+    Writer,
+    read_trainer_facts,
+    verify,
+)
 
 M = Manifest(
-    "run", "checkpoint-4", 4, (FileEntry("a/b.bin", 3, "ab" * 32), FileEntry("c", 1, "0" * 64))
+    "run", "checkpoint-4", 4, (FileEntry("a/b.bin", 3, "ab" * 32), FileEntry("c", 1, "0" * 64)),
+    writer=Writer("a" * 32, "h"),
 )
 
 
@@ -35,6 +44,15 @@ def test_malformed_manifest_is_an_integrity_error() -> None:
     raw["files"][0]["path"] = "../../etc/passwd"
     with pytest.raises(IntegrityError):
         Manifest.from_json(json.dumps(raw))
+
+
+def test_a_made_up_manifest_names_no_writer_and_is_checked_as_any() -> None:
+    """A manifest made up for a checkpoint no traind committed reads back naming no writer,
+    every other field checked as in a stored one."""
+    made = replace(M, writer=None)
+    assert Manifest.unwritten_from_json(made.to_json()) == made
+    with pytest.raises(IntegrityError, match="malformed manifest: files is not a list"):
+        Manifest.unwritten_from_json(json.dumps(json.loads(made.to_json()) | {"files": []}))
 
 
 def test_trainer_facts(tmp_path: Path) -> None:
@@ -132,6 +150,9 @@ def _lie(path: str, value: object) -> bytes:
         (_lie("version", True), "unsupported manifest version True"),
         (_lie("run", "../other"), "unsafe run name"),
         (_lie("writer", {"id": 7, "host": "h"}), "id 7 is not a string"),
+        (_lie("writer", None), "writer None is not an object"),
+        (json.dumps({k: v for k, v in json.loads(M.to_json()).items() if k != "writer"}).encode(),
+         "no 'writer'"),
         (_lie("files.0.path", "a/" + "b" * 256), "unsafe relative path .* a name longer than"),
         (_lie("files.0.path", "a/" * 2048 + "b"), "unsafe relative path .* longer than 4095"),
         (_lie("tag", "checkpoint-" + "4" * 250), "unsafe tag"),
@@ -165,7 +186,7 @@ def test_trainer_facts_a_manifest_cannot_hold_are_left_out(tmp_path: Path) -> No
         '"best_model_checkpoint": 3, "log_history": [{"loss": NaN}]}')
     facts = read_trainer_facts(tmp_path)
     assert facts == TrainerFacts()
-    made = Manifest("run", "checkpoint-4", 4, M.files, trainer=facts)
+    made = Manifest("run", "checkpoint-4", 4, M.files, trainer=facts, writer=M.writer)
     assert Manifest.from_json(made.to_json()) == made
     (tmp_path / "trainer_state.json").write_text("[" * 100_000)
     assert read_trainer_facts(tmp_path) == TrainerFacts()

@@ -62,7 +62,7 @@ class OtherWriters:
         await self._journal.set_state(tag, "committed")
         await asyncio.to_thread(shutil.rmtree, self._staging / tag, True)
         log.info("checkpoint_already_stored", tag=tag, step=manifest.step,
-                 writer=str(manifest.writer or manifest.host), backend=self._store().describe)
+                 writer=str(manifest.writer), backend=self._store().describe)
         return manifest
 
     async def corrupt(self, manifest: Manifest) -> bool:
@@ -75,7 +75,7 @@ class OtherWriters:
         so the trainer's new save of the same step is committed in its place."""
         log.warning(
             "checkpoint_replacing_corrupt", tag=manifest.tag, step=manifest.step,
-            writer=str(manifest.writer or manifest.host), backend=self._store().describe,
+            writer=str(manifest.writer), backend=self._store().describe,
             reason="recorded corrupt in the store; the trainer saved this step again",
         )
         await self._store().delete(manifest.tag)

@@ -111,8 +111,8 @@ def _tag_and_step(source: Path, tag: str | None) -> tuple[str, int]:
 async def _refuse_committed(storage: CheckpointStore, tag: str) -> None:
     """TraindError when ``tag`` is already committed: a push never replaces a checkpoint."""
     if (found := await storage.committed(tag)) is not None:
-        by = f" by writer {found.writer or found.host}" if found.writer or found.host else ""
         raise TraindError(
-            f"{tag} is already committed in {storage.describe}{by}; a push never replaces a "
-            "committed checkpoint: pass --tag to commit this one under another name"
+            f"{tag} is already committed in {storage.describe} by writer {found.writer}; a "
+            "push never replaces a committed checkpoint: pass --tag to commit this one under "
+            "another name"
         )

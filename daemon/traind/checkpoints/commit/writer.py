@@ -35,6 +35,6 @@ def load_or_create(state_dir: Path) -> Writer:
 
 
 def written_by(manifests: Iterable[Manifest], writer: Writer) -> set[str]:
-    """The tags of ``manifests`` that ``writer`` committed (or an older traind, which named
-    no writer); another writer's tag is not ours to skip: its claim tells the streamer."""
-    return {m.tag for m in manifests if m.writer is None or m.writer.id == writer.id}
+    """The tags of ``manifests`` that ``writer`` committed; another writer's tag is not ours
+    to skip: its claim tells the streamer."""
+    return {m.tag for m in manifests if m.writer is not None and m.writer.id == writer.id}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from traind.checkpoints.commit.writer import WRITER_ID_FILE, load_or_create
-from traind.errors import TraindError
+from traind.errors import IntegrityError, TraindError
 from traind.layout.manifest import FileEntry, Manifest, Writer
 from traind.protocol.ownership import (
     ClaimHeldError,
@@ -45,26 +45,30 @@ def test_damaged_writer_id_is_a_clear_error(tmp_path: Path) -> None:
         load_or_create(tmp_path)
 
 
-def test_manifest_records_its_writer_and_old_ones_still_parse() -> None:
-    """The writer survives the JSON round trip; a manifest without one parses as None."""
+def test_manifest_records_its_writer_and_one_without_is_malformed() -> None:
+    """The writer survives the JSON round trip; a stored manifest without one is malformed."""
     manifest = Manifest("run", "checkpoint-1", 1, (FileEntry("x", 1, "a" * 64),), writer=A)
     assert Manifest.from_json(manifest.to_json()).writer == A
-    old = json.loads(manifest.to_json())
-    del old["writer"]
-    assert Manifest.from_json(json.dumps(old)).writer is None
+    nameless = json.loads(manifest.to_json())
+    del nameless["writer"]
+    with pytest.raises(IntegrityError, match="malformed manifest: no 'writer'"):
+        Manifest.from_json(json.dumps(nameless))
 
 
 def test_claim_decisions() -> None:
-    """Our own claim or manifest lets us go on; another writer's (or an older traind's
-    manifest) is a conflict naming both writers."""
+    """Our own claim or manifest lets us go on; another writer's (or a made-up manifest
+    naming none) is a conflict naming both writers."""
     check_claim("t", A, A, "here")
     check_committed("t", A, None, "here")
     check_committed("t", A, Manifest("run", "t", 1, (), writer=A), "here")
     with pytest.raises(ConflictError) as caught:
         check_claim("t", A, B, "here")
     assert (caught.value.tag, caught.value.ours, caught.value.theirs) == ("t", str(A), str(B))
-    with pytest.raises(ConflictError, match="older traind on old"):
-        check_committed("t", A, Manifest("run", "t", 1, (), host="old"), "here")
+    with pytest.raises(ConflictError) as caught:
+        check_committed("t", A, Manifest("run", "t", 1, (), writer=B), "here")
+    assert (caught.value.ours, caught.value.theirs) == (str(A), str(B))
+    with pytest.raises(ConflictError):
+        check_committed("t", A, Manifest("run", "t", 1, (), writer=None), "here")
 
 
 def test_a_lease_is_stale_once_not_renewed_for_the_ttl() -> None:
@@ -85,12 +89,14 @@ def test_a_lease_renewed_further_ahead_than_the_ttl_is_stale() -> None:
     assert not Lease(A, "n1", renewed_at=1030.0).stale(60.0, now=1000.0)
 
 
-def test_a_claim_without_renewal_is_read_as_released() -> None:
-    """A claim written before leases (a bare writer) is stale at once: it is never renewed."""
-    lease = Lease.from_json(A.to_json())
-    assert lease.writer == A
-    assert lease.renewed_at == 0.0
-    assert lease.stale(600.0)
+def test_a_claim_names_its_nonce_and_renewal() -> None:
+    """A released claim reads back released (renewed at 0: stale at once); a claim naming
+    no nonce or no renewal time (a bare writer) is malformed."""
+    released = Lease.from_json(Lease.new(A).renewed(0.0).to_json())
+    assert released.renewed_at == 0.0
+    assert released.stale(600.0)
+    with pytest.raises(IntegrityError, match="malformed writer claim: no 'nonce'"):
+        Lease.from_json(A.to_json())
 
 
 def test_another_writers_claim_is_held_until_committed() -> None:
