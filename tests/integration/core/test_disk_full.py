@@ -241,9 +241,15 @@ class SlowToStopStore(MemoryBackend):
     """A memory store whose uploads hang, and take a while to stop when cancelled (a
     transfer thread finishing its part)."""
 
+    def __init__(self, run: str) -> None:
+        super().__init__(run)
+        self.started = asyncio.Event()
+        """Set once an upload is in the store's transfer."""
+
     async def upload(
         self, tag: str, root: Path, files: Sequence[LocalFile], session: UploadSession
     ) -> None:
+        self.started.set()
         try:
             await asyncio.sleep(3600)
         finally:
@@ -255,13 +261,14 @@ async def test_a_full_disk_while_a_dropped_upload_still_stops(tmp_path: Path) ->
     upload is still stopping, neither raises nor holds back the next checkpoint."""
     state, out = tmp_path / "state", tmp_path / "out"
     journal = Journal.in_state_dir(state, run_in(tmp_path))
-    streamer = Streamer("r", state, SlowToStopStore("r"), journal)
+    store = SlowToStopStore("r")
+    streamer = Streamer("r", state, store, journal)
     running = asyncio.create_task(streamer.run())
     try:
         write_checkpoint(out, 1)
         await streamer.stage("checkpoint-1", 1, out / "checkpoint-1")
         await streamer.complete("checkpoint-1", 1)
-        await until(lambda: streamer.in_flight == "checkpoint-1")
+        await until(store.started.is_set)  # in the store's transfer, not still claiming
         await streamer.drop("checkpoint-1")
         assert streamer.unstored == []
         assert streamer.in_flight == "checkpoint-1"
