@@ -39,6 +39,7 @@ from traind.launch.errors import (
 )
 from traind.launch.handles import LaunchStore
 from traind.launch.registry import open_backend
+from traind.util.poll import poll_until
 
 pytestmark = pytest.mark.timeout(60)
 H100 = Constraints(gpu=("H100",), min_gpu_ram_gb=80)
@@ -470,6 +471,48 @@ async def test_a_blip_shorter_than_the_bound_changes_nothing(
         assert "launch_recovered" not in events
         assert cloud.created() == 1
         assert any(committed(line, 20) for line in launcher.out)
+    finally:
+        launcher.kill()
+        kill_traind(remote)
+        await sshd.start()
+
+
+def _traind_exited(remote: Path) -> bool:
+    """Whether the launched traind's process is gone (its pid file names no live process)."""
+    for pidfile in (remote / "launches").glob("*/traind.pid"):
+        try:
+            os.kill(int(pidfile.read_text()), 0)
+        except (ValueError, OSError):
+            continue
+        return False
+    return True
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cloud", ["runpod"], indirect=True)
+async def test_a_run_that_finished_during_a_blip_is_finished(
+    tmp_path: Path, cloud: Cloud, sshd: SSHServer, store: LaunchStore
+) -> None:
+    """A run that completes while the host's SSH is down (its run_complete never followed)
+    is seen finished once the host answers again: exit 0, no recovery, one host."""
+    need_binary("rsync")
+    need_module("trl")
+    remote = tmp_path / "remote"
+    env = {**os.environ, **cloud.env}
+    launcher = Launcher("-c", str(_followed_project(tmp_path, cloud, sshd, "120s", 4)),
+                        env=env)
+    try:
+        await asyncio.to_thread(launcher.wait_out, lambda ln: committed(ln, 1), 200)
+        await sshd.stop()
+        await poll_until(lambda: asyncio.to_thread(_traind_exited, remote), within=120,
+                         every=0.5)
+        assert _traind_exited(remote), "traind did not finish while SSH was down"
+        await sshd.start()
+        assert await asyncio.to_thread(launcher.wait, 200) == 0, launcher.tail()
+        events = [e.get("event") for e in launcher.events()]
+        assert "launch_host_reachable_again" in events
+        assert "launch_recovering" not in events
+        assert cloud.created() == 1
     finally:
         launcher.kill()
         kill_traind(remote)

@@ -326,9 +326,19 @@ async def follow(
         if error is not None and not isinstance(error, HostUnreachableError):
             raise error
         if error is None and not await service_active(ctx, record):
-            return "stopped", ""
+            return ("finished", "") if await _finished_unseen(ctx, record) else ("stopped", "")
         await asyncio.sleep(1)
         lines = 0
+
+
+async def _finished_unseen(ctx: Context, record: LaunchRecord) -> bool:
+    """Whether the end of traind's log says the run finished: it may have while following
+    had lost the host, and a finished run is no early end to recover from."""
+    seen: list[str] = []
+    await ctx.backend.run_remote(
+        record.handle, service.logs(record.service, layout(record), 200, follow=False),
+        stream=seen.append, timeout=60)
+    return any(log_event(line) in FINISHED_EVENTS for line in seen)
 
 
 async def follow_recovering(
