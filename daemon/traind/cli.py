@@ -292,7 +292,7 @@ async def _run(args: argparse.Namespace) -> int:
     from traind import config
     from traind.app.daemon import Daemon
     from traind.status.model import RecentErrors
-    from traind.util import priority
+    from traind.util.proc import priority
 
     path = config_path(args.config)
     settings = config.load(path)

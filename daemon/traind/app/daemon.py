@@ -38,8 +38,8 @@ from traind.supervisor.leftovers import stop_leftovers
 from traind.supervisor.procfs import become_subreaper
 from traind.supervisor.reaper import reap_forever
 from traind.supervisor.supervisor import Supervisor
-from traind.util import priority
 from traind.util.nodes import NodeRank
+from traind.util.proc import priority
 from traind.util.runtime import long_lived
 from traind.util.tasks import each_time
 from traind.util.units import parse_floor

@@ -29,7 +29,7 @@ from traind.status.timeline import Timeline
 from traind.supervisor.process import State
 from traind.supervisor.runner import ChildStatus
 from traind.supervisor.supervisor import Supervisor
-from traind.util.systemd import Notifier
+from traind.util.proc.systemd import Notifier
 
 log = structlog.get_logger("traind.app")
 

@@ -14,7 +14,7 @@ from traind.checkpoints.commit.streamer import Streamer
 from traind.checkpoints.intake.watcher import Watcher
 from traind.config import Settings
 from traind.supervisor.supervisor import Supervisor
-from traind.util.child import uninterrupted
+from traind.util.proc.child import uninterrupted
 
 log = structlog.get_logger("traind.app")
 

@@ -24,7 +24,7 @@ import structlog
 
 from traind.launch.errors import LaunchError
 from traind.launch.handles import LaunchRecord, LaunchStore
-from traind.util.child import uninterrupted
+from traind.util.proc.child import uninterrupted
 
 log = structlog.get_logger("traind.launch")
 _STEP = re.compile(r"\bstep=(\d+)\b")

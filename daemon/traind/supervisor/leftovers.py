@@ -22,8 +22,8 @@ from traind.config import ChildConfig
 from traind.supervisor.env import CHILD_TAG, OWNER_TAG, owner_of, tag_name
 from traind.supervisor.process import KILL_WAIT
 from traind.supervisor.procfs import Proc, descendants, environ, process_table, send
-from traind.util.child import uninterrupted
 from traind.util.poll import poll_until
+from traind.util.proc.child import uninterrupted
 
 log = structlog.get_logger("traind.supervisor")
 

@@ -25,8 +25,8 @@ from traind.supervisor.output import ChildLog, Pipes
 from traind.supervisor.policy import Role
 from traind.supervisor.procfs import Proc, ProcessTree
 from traind.util import redact
-from traind.util.child import spawn_with, uninterrupted
 from traind.util.poll import poll_until
+from traind.util.proc.child import spawn_with, uninterrupted
 
 log = structlog.get_logger("traind.supervisor")
 

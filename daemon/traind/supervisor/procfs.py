@@ -15,7 +15,7 @@ from pathlib import Path
 import structlog
 
 from traind.supervisor.env import CHILD_TAG
-from traind.util.child import signal_group
+from traind.util.proc.child import signal_group
 
 log = structlog.get_logger("traind.supervisor")
 PR_SET_CHILD_SUBREAPER = 36

@@ -19,7 +19,7 @@ from traind.supervisor.process import State
 from traind.supervisor.runner import ChildRunner, ChildStatus, Jitter
 from traind.supervisor.trainer import ResumeFrom, TrainerRunner
 from traind.supervisor.vllm import VLLMRunner
-from traind.util.child import uninterrupted
+from traind.util.proc.child import uninterrupted
 
 log = structlog.get_logger("traind.supervisor")
 

@@ -14,7 +14,7 @@ from tests.support.checkpoints import setup, write_checkpoint
 from tests.support.daemon import TESTS_NICE, DaemonProcess
 from tests.support.procfs import autogroup_nice, autogroups, nice_of, threads_of
 
-from traind.util import priority
+from traind.util.proc import priority
 
 
 @pytest.mark.skipif(not priority.per_thread(), reason="per-thread nice is Linux's")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from traind.util.systemd import Notifier, watchdog_interval
+from traind.util.proc.systemd import Notifier, watchdog_interval
 
 
 class Receiver:

@@ -192,7 +192,7 @@ async def test_an_rsync_that_never_answers_the_probe_is_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A local rsync hanging on --version fails the probe in VERSION_WITHIN and is killed
-    with its process group, not left running (it starts through traind.util.child)."""
+    with its process group, not left running (it starts through traind.util.proc.child)."""
     from traind.storage.ssh import rsync
 
     bin_dir = tmp_path / "bin"

@@ -164,7 +164,7 @@ async def test_ssh_runs_at_the_transfer_priority(
 ) -> None:
     """With transfers lowered (``traind run`` does it), each ssh carrying checkpoint bytes
     runs at the transfer nice value, below this process."""
-    from traind.util import priority
+    from traind.util.proc import priority
 
     if not priority.per_thread():
         pytest.skip("per-thread nice is Linux's")

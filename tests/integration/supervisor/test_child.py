@@ -1,5 +1,5 @@
-"""A child process's lifecycle (``traind.util.child``): its own session, its whole group stopped,
-and a stop that a cancellation cannot cut short."""
+"""A child process's lifecycle (``traind.util.proc.child``): its own session, its whole
+group stopped, and a stop that a cancellation cannot cut short."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from traind.launch.host.commands import run_local
-from traind.util import child
+from traind.util.proc import child
 
 # A shell that starts a grandchild in its group, says its pid, and waits on it.
 FAMILY = 'sleep 300 & echo "$!"; wait'

@@ -33,10 +33,10 @@ from traind.checkpoints.multinode.assemble import make_whole
 from traind.checkpoints.state.journal import Journal
 from traind.errors import IntegrityError, StorageError, TraindError
 from traind.protocol import CheckpointStore
-from traind.util.child import uninterrupted
 from traind.util.fileio import write_atomic
 from traind.util.nodes import NodeRank
 from traind.util.poll import poll_until
+from traind.util.proc.child import uninterrupted
 from traind.util.retry import Backoff, retrying
 
 log = structlog.get_logger("traind.joint")

@@ -32,8 +32,8 @@ from traind.launch.config import LaunchConfig
 from traind.launch.errors import LaunchError
 from traind.launch.handles import LaunchRecord, LaunchStore
 from traind.launch.jobs import JobBackend, JobSpec, JobState, JobStatus
-from traind.util import child
 from traind.util.poll import poll_until
+from traind.util.proc import child
 
 log = structlog.get_logger("traind.launch")
 CONFIG_SECRET = "TRAIND_CONFIG_TOML"

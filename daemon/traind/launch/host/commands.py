@@ -15,7 +15,7 @@ from pathlib import Path
 
 from traind.launch.base import LineSink, RemoteResult
 from traind.launch.errors import RemoteCommandError
-from traind.util import child
+from traind.util.proc import child
 
 KILL_WAIT = 5.0
 """Seconds a child that timed out or was cancelled gets to go after SIGKILL to its group."""

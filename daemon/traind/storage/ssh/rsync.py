@@ -30,8 +30,8 @@ from traind.storage.base import LocalFile, UploadSession, counted
 from traind.storage.ssh.command import ssh_argv, ssh_failure
 from traind.storage.ssh.link import SSHLink, retrying
 from traind.storage.ssh.sftp import makedirs
-from traind.util import child
 from traind.util.fileio import hash_file, in_thread
+from traind.util.proc import child
 from traind.util.tasks import fan_out
 
 MIN_VERSION = (3, 2, 4)

@@ -6,9 +6,9 @@ own driving the pipes (``pipe``): OpenSSH's C client does the encryption, where 
 pays Python per 32 KiB packet, and everything per packet (read, hash, send, acknowledgements)
 stays in that thread; the event loop only starts and awaits whole files. Connections are
 reused from file to file, up to ``concurrency``; each ssh runs in its own process group and
-is always reaped (``traind.util.child``). A dropped connection is a TransientStorageError, retried
-with backoff like the SFTP mode's. What the choices here were measured against is in
-bench/README.md.
+is always reaped (``traind.util.proc.child``). A dropped connection is a
+TransientStorageError, retried with backoff like the SFTP mode's. What the choices here were
+measured against is in bench/README.md.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from traind.storage.ssh.command import sftp_argv, ssh_failure
 from traind.storage.ssh.link import SSHLink, retrying
 from traind.storage.ssh.openssh import wire
 from traind.storage.ssh.openssh.pipe import ConnectionLost, SFTPPipe
-from traind.util import child, priority
 from traind.util.fileio import temporary_name
+from traind.util.proc import child, priority
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from tests.support.procfs import autogroup_nice, autogroups, nice_of
 
-from traind.util import child, priority
+from traind.util.proc import child, priority
 
 pytestmark = pytest.mark.skipif(not priority.per_thread(), reason="per-thread nice is Linux's")
 

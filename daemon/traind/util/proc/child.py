@@ -14,7 +14,7 @@ import signal
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from traind.util import priority
+from traind.util.proc import priority
 
 T = TypeVar("T")
 
