@@ -41,3 +41,18 @@ def test_progress_reads_steps_and_the_newest_commit() -> None:
     assert (ending.checkpoint, ending.reached_step) == ("checkpoint-4", 7)
     assert steps_lost(ending) == 3
     assert steps_lost(Progress().ending("gone", "")) is None
+
+
+def test_a_job_exiting_0_has_finished_only_after_run_complete() -> None:
+    """A job that exited 0 finished when traind logged run_complete; without it traind was
+    stopped (SIGTERM/SIGINT commit and exit 0) and the job is "stopped", to be recovered."""
+    stopped = Progress()
+    stopped.see(json.dumps({"event": "supervisor_stopped", "outcome": "stopped"}))
+    ending = stopped.job_ending(True, "completed", "exited with status 0")
+    assert ending.state == "stopped"
+    assert "before traind's run_complete" in ending.message
+    assert decide(ending, 0, 3, taken_down=False).recover
+    done = Progress()
+    done.see(json.dumps({"event": "run_complete", "exit": True}))
+    assert done.job_ending(True, "completed", "").state == "finished"
+    assert done.job_ending(False, "timeout", "ran 60s").state == "timeout"
