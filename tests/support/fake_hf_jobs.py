@@ -298,11 +298,13 @@ class FakeHFJobs:
         # _run sets the stage once the output is drained
 
 
-async def end_container(proc: asyncio.subprocess.Process, grace: float) -> None:
-    """SIGTERM to ``proc``'s process group, then after ``grace`` SIGKILL to it and every
-    process below it: the container goes, all of it."""
+async def end_container(proc: asyncio.subprocess.Process, grace: float,
+                        first: signal.Signals = signal.SIGTERM, group: bool = True) -> None:
+    """``first`` (SIGTERM) to ``proc``'s process group (``group``, else to ``proc`` alone),
+    then after ``grace`` SIGKILL to it and every process below it: the container goes, all of
+    it."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, first) if group else proc.send_signal(first)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(proc.wait(), grace)
     for pid in [proc.pid, *_descendants(proc.pid)]:

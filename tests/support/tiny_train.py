@@ -8,9 +8,11 @@ Run as a script (it is the trainer command of traind's tests)::
         [--leave-orphans]
 
 ``--resume`` continues from ``$TRAIND_RESUME_FROM`` when set, else from the newest
-``checkpoint-N`` in DIR when there is one. ``--crash-at-step K`` exits with ``CRASH_EXIT``
-right after checkpoint K is saved; ``--hang-at-step K`` sleeps forever there. One line
-``step=N loss=X`` is printed (and flushed) per step. ``--leave-orphans`` first double-forks
+``checkpoint-N`` in DIR when there is one; from a checkpoint at ``--max-steps`` it trains
+nothing (transformers would train one step more: it checks ``max_steps`` after a step).
+``--crash-at-step K`` exits with ``CRASH_EXIT`` right after checkpoint K is saved;
+``--hang-at-step K`` sleeps forever there. One line ``step=N loss=X`` is printed (and
+flushed) per step. ``--leave-orphans`` first double-forks
 two grandchildren in sessions of their own, as daemonizing helpers do: one exits after
 ``ORPHAN_SECONDS`` (its parent gone, it becomes a zombie of whoever adopted it), the other
 sleeps on past the trainer; it prints ``orphans=PID,PID``.
@@ -21,6 +23,7 @@ Importing this module is cheap (stdlib only) so tests can use ``train_command``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -90,6 +93,17 @@ def resume_target(output_dir: Path) -> str | bool | None:
     if any(p.is_dir() for p in output_dir.glob("checkpoint-*")):
         return True
     return None
+
+
+def resumed_step(target: str | bool, output_dir: Path) -> int:
+    """The global step of the checkpoint ``resume_target`` chose."""
+    if isinstance(target, str):
+        checkpoint = Path(target)
+    else:
+        checkpoint = max(output_dir.glob("checkpoint-*"),
+                         key=lambda p: int(p.name.rpartition("-")[2]))
+    step: int = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    return step
 
 
 QUIET_ENV = {
@@ -280,8 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     if opts.leave_orphans:
         print(f"orphans={orphan(ORPHAN_SECONDS)},{orphan(3600)}", flush=True)
-    trainer = build_trainer(opts)
     resume = resume_target(opts.output_dir) if opts.resume else None
+    if resume is not None and (done := resumed_step(resume, opts.output_dir)) >= opts.max_steps:
+        # Trainer.train checks max_steps only after a step: it would train step max_steps + 1.
+        print(f"train_end global_step={done} seconds=0.00 resumed_at_max_steps", flush=True)
+        return 0
+    trainer = build_trainer(opts)
     print(f"train_start resume_from={resume}", flush=True)
     started = time.monotonic()
     result = trainer.train(resume_from_checkpoint=resume)

@@ -86,12 +86,14 @@ def steps_lost(ending: Ending) -> int | None:
 
 
 class Progress:
-    """What the log lines of one job/host say: the step reached, the newest commit."""
+    """What the log lines of one job/host say: the step reached, the newest commit, and
+    whether traind said its run is complete (``run_complete``)."""
 
     def __init__(self) -> None:
         self.reached_step: int | None = None
         self.checkpoint: str | None = None
         self.checkpoint_step: int | None = None
+        self.run_complete = False
 
     def see(self, line: str) -> None:
         """Take in one log line (traind's JSON, or the trainer's ``step=N`` text)."""
@@ -102,6 +104,7 @@ class Progress:
         if isinstance(event, dict):
             if event.get("event") == "checkpoint_committed" and isinstance(event.get("step"), int):
                 self.checkpoint, self.checkpoint_step = str(event.get("tag")), event["step"]
+            self.run_complete = self.run_complete or event.get("event") == "run_complete"
             text = str(event.get("line") or event.get("message") or "")
         else:
             text = line
@@ -112,6 +115,19 @@ class Progress:
         """The ending of this job/host, now."""
         return Ending(state, message, time.time(), self.reached_step, self.checkpoint,
                       self.checkpoint_step)
+
+    def job_ending(self, completed: bool, state: str, message: str) -> Ending:
+        """The ending of a job the platform reports ``state`` (``completed``: it exited 0).
+        Exiting 0 is "finished" only after ``run_complete``: traind stopped by SIGTERM or
+        SIGINT (a ``docker stop``, a host shutting down) commits the newest checkpoint and
+        exits 0 too, its trainer unfinished."""
+        if not completed:
+            return self.ending(state, message)
+        if self.run_complete:
+            return self.ending("finished", message)
+        return self.ending("stopped", "exited 0 before traind's run_complete: traind was "
+                                      "stopped before its trainer finished"
+                                      + (f" ({message})" if message else ""))
 
 
 WaitEnd = Callable[[LaunchRecord], Awaitable[Ending]]

@@ -9,18 +9,22 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.support.tiny_train import QUIET_ENV, train_command
 
 from traind.launch.config import LaunchConfig
+from traind.layout.keys import MANIFEST_NAME
+from traind.util.poll import poll_until
 
 
 class Launcher:
@@ -218,3 +222,98 @@ async def status_pull_down(tmp_path: Path, env: dict[str, str],
     down = Launcher("down", name, env=env)
     assert await asyncio.to_thread(down.wait, 60) == 0, down.tail()
     return facts, [*pull.err, *down.err]
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """One recovery of a run that outlived its job: how the job was ended; the newest
+    checkpoint committed in the store when it ended, the one the next job resumed from (its
+    trainer's first step less one) and the steps trained again; the launcher's own figures
+    (its ``launch_recovered``: checkpoint and steps lost as the job's relayed log showed them,
+    seconds from the end it saw to the next job running); seconds from the end to the next
+    trainer's first step."""
+
+    ended_by: str
+    committed_at_end: int
+    resumed_from: int
+    trained_again: list[int]
+    launcher_checkpoint: str
+    launcher_steps_lost: str
+    seconds_to_running: float
+    seconds_to_training: float
+
+    def row(self, backend: str) -> str:
+        return (f"recovery: {backend} | {self.ended_by} | committed {self.committed_at_end}, "
+                f"resumed from checkpoint-{self.resumed_from} (launcher: "
+                f"{self.launcher_checkpoint}) | {len(self.trained_again)} "
+                f"{self.trained_again} (launcher: {self.launcher_steps_lost}) | "
+                f"{self.seconds_to_running:.1f} | {self.seconds_to_training:.1f}")
+
+
+def resuming(tmp_path: Path) -> None:
+    """Make the project's trainer resume from the checkpoint traind restored."""
+    config = tmp_path / "project" / "traind.toml"
+    config.write_text(config.read_text().replace('"--step-sleep"', '"--resume", "--step-sleep"'))
+
+
+def newest_committed(remote: Path) -> int:
+    """The newest checkpoint step committed in the project's local store (0: none)."""
+    return max((int(m.parent.name.rpartition("-")[2])
+                for m in (remote / "store").glob(f"*/checkpoint-*/{MANIFEST_NAME}")), default=0)
+
+
+async def outlive(
+    launcher: Launcher, remote: Path, endings: Sequence[tuple[str, Callable[[], Awaitable[None]]]],
+    *, max_steps: int = 10, within: float = 300,
+) -> list[Recovered]:
+    """Follow a launch of a ``max_steps`` run (``project(..., max_steps)``, ``resuming``) whose
+    job is ended mid-training once per ``endings`` (how, and a call that ends the running job
+    and returns once its processes are gone), once checkpoint 3, 7, ... is committed (seen in
+    the store, not in the launcher's relay of the job's log, which may lag); each ended job's
+    disk is wiped as a new job's would be. Asserts that the launcher exits 0 after one
+    recovery per ending, that every step is trained, that each next job resumes from a
+    checkpoint no older than the newest committed when its predecessor ended, and that only
+    steps after it are trained again, once at most. Returns the recoveries' figures."""
+    trained: list[list[int]] = []
+    at_end: list[int] = []
+    to_training: list[float] = []
+
+    async def stepped() -> list[int]:
+        return trained_steps(remote / "state")
+
+    for target, (_, end) in zip(range(3, 3 + 4 * len(endings), 4), endings, strict=True):
+
+        async def reached(t: int = target) -> bool:
+            return newest_committed(remote) >= t
+
+        assert await poll_until(reached, within=within, every=0.2), launcher.tail()
+        await end()
+        ended = time.monotonic()
+        at_end.append(newest_committed(remote))
+        trained.append(trained_steps(remote / "state"))
+        shutil.rmtree(remote / "out")
+        shutil.rmtree(remote / "state")
+        first = await poll_until(stepped, within=within, every=0.2,
+                                 done=lambda s: bool(s) or launcher.proc.poll() is not None)
+        assert first, f"the next job trained nothing:\n{launcher.tail()}"
+        to_training.append(time.monotonic() - ended)
+    assert await asyncio.to_thread(launcher.wait, within) == 0, launcher.tail()
+    trained.append(trained_steps(remote / "state"))
+    events = [e for e in launcher.events() if e.get("event") == "launch_recovered"]
+    assert len(events) == len(endings), launcher.tail()
+    everything = [step for job in trained for step in job]
+    counts = {s: everything.count(s) for s in set(everything)}
+    print(f"step trainings: {counts}")
+    assert set(counts) == set(range(1, max_steps + 1)), counts
+    assert all(n <= 2 for n in counts.values()), counts
+    recovered = []
+    for k, ((how, _), e) in enumerate(zip(endings, events, strict=True)):
+        before, after = trained[k], trained[k + 1]
+        resumed = min(after) - 1
+        again = sorted(set(before) & set(after))
+        assert resumed >= at_end[k], (how, at_end[k], before, after)
+        assert all(s > resumed for s in again), (how, before, after)
+        recovered.append(Recovered(how, at_end[k], resumed, again, str(e["checkpoint"]),
+                                   str(e["steps_lost"]), float(str(e["seconds"])),
+                                   to_training[k]))
+    return recovered

@@ -21,7 +21,9 @@ from tests.integration.launch.lifecycle import (
     Launcher,
     committed,
     kill_traind,
+    outlive,
     project,
+    resuming,
     trained_steps,
 )
 from tests.support.fake_cloud import LoopbackHost
@@ -332,31 +334,18 @@ async def test_a_run_outlives_two_killed_hosts(
     remote = tmp_path / "remote"
     launch_toml = project(tmp_path, max_steps=10,
                           backend_toml=backend_toml(cloud, sshd.user_key.path))
-    config = tmp_path / "project" / "traind.toml"
-    config.write_text(config.read_text().replace('"--step-sleep"', '"--resume", "--step-sleep"'))
-    env = {**os.environ, **cloud.env}
-    launcher = Launcher("-c", str(launch_toml), env=env)
-    trained: list[int] = []
+    resuming(tmp_path)
+    launcher = Launcher("-c", str(launch_toml), env={**os.environ, **cloud.env})
+
+    async def killed() -> None:
+        kill_traind(remote)
+
     try:
-        for target in (3, 7):
-            await asyncio.to_thread(launcher.wait_out, lambda ln, t=target: committed(ln, t), 300)
-            kill_traind(remote)
-            trained += trained_steps(remote / "state")
-            shutil.rmtree(remote / "out")
-            shutil.rmtree(remote / "state")
-        assert await asyncio.to_thread(launcher.wait, 400) == 0, launcher.tail()
-        trained += trained_steps(remote / "state")
-        recovered = [e for e in launcher.events() if e.get("event") == "launch_recovered"]
-        counts = {s: trained.count(s) for s in set(trained)}
-        for e in recovered:
-            print(f"recovery: {e['state']} ({e['message']}) from {e['checkpoint']}, "
-                  f"steps_lost={e['steps_lost']}, seconds_to_running={e['seconds']}")
-        print(f"step trainings: {counts}")
-        assert len(recovered) == 2
+        recovered = await outlive(launcher, remote, [("killed host", killed)] * 2)
+        for recovery in recovered:
+            print(recovery.row(cloud.name))
         assert cloud.created() == 3
         assert len(cloud.live()) == 1  # the last host, kept (on_finish = "keep")
-        assert set(range(1, 11)) <= set(counts), counts
-        assert all(n <= 2 for n in counts.values()), counts
     finally:
         launcher.kill()
         kill_traind(remote)

@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiodocker
 import pytest
 from tests.integration.launch.lifecycle import (
     Launcher,
     committed,
     job_config,
+    outlive,
     project,
+    resuming,
     status_pull_down,
     trainer_pids,
 )
@@ -189,6 +193,45 @@ async def test_gpus_the_engine_cannot_give_are_refused_and_removed(
     for bad in (-1, "some"):
         with pytest.raises(ValueError, match="gpus"):
             context(tmp_path, store, table(dockerd, base_image, tmp_path, gpus=bad))
+
+
+@pytest.mark.timeout(480)
+async def test_a_run_outlives_a_killed_and_a_stopped_container(
+    tmp_path: Path, dockerd: Dockerd, base_image: str, store: LaunchStore
+) -> None:
+    """A container killed through the engine (SIGKILL, as a host that died) and one stopped
+    (SIGTERM, SIGKILL after the grace, as a host shutting down) mid-training are replaced: each
+    next one restores the newest committed checkpoint, the run ends with the trainer's exit 0,
+    no step trained more than once again, and the engine lists nothing of the launch running."""
+    need_module("trl")
+    docker = table(dockerd, base_image, tmp_path)
+    launch_toml = project(tmp_path, max_steps=10, backend_toml=(
+        f'backend = "docker"\n\n[docker]\n{toml_table(docker)}\n'))
+    resuming(tmp_path)
+    launcher = Launcher("-c", str(launch_toml), env=dict(os.environ))
+
+    def ending(how: str) -> Callable[[], Awaitable[None]]:
+        async def ended() -> None:
+            (running,) = [c for c in await left(dockerd, "tiny") if c["State"] == "running"]
+            async with aiodocker.Docker(url=dockerd.host) as engine:
+                container = engine.containers.container(str(running["Id"]))
+                await (container.kill() if how == "kill" else container.stop(t=5))
+                await asyncio.wait_for(container.wait(), 30)
+        return ended
+
+    try:
+        recovered = await outlive(launcher, tmp_path / "remote", [
+            ("killed (docker kill)", ending("kill")), ("stopped (docker stop)", ending("stop"))])
+        for recovery in recovered:
+            print(recovery.row("docker"))
+        containers = await left(dockerd, "tiny")
+        assert len(containers) == 1  # the last one, exited 0 (kept for logs until `down`)
+        assert [(c["State"], c["Status"][:9]) for c in containers] == [("exited", "Exited (0")]
+    finally:
+        launcher.kill()
+        for container in await left(dockerd, "tiny"):
+            async with aiodocker.Docker(url=dockerd.host) as engine:
+                await engine.containers.container(str(container["Id"])).delete(force=True)
 
 
 def test_launch_error_tree() -> None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,10 @@ from tests.integration.launch.lifecycle import (
     Launcher,
     committed,
     job_config,
+    outlive,
     project,
+    resuming,
     status_pull_down,
-    trained_steps,
     trainer_pids,
 )
 from tests.support.fake_cloud import Serving
@@ -285,37 +285,25 @@ async def test_a_run_outlives_two_ended_jobs(
     need_module("trl")
     fake, url = hf
     fake.scheduling = 3.0  # the test wipes the ended job's disk before the next one starts
-    remote = tmp_path / "remote"
     launch_toml = project(tmp_path, max_steps=10, backend_toml=(
         'backend = "hf-jobs"\n\n[hf_jobs]\nimage = "traind:test"\npoll_interval = "200ms"\n'))
-    config = tmp_path / "project" / "traind.toml"
-    config.write_text(config.read_text().replace('"--step-sleep"', '"--resume", "--step-sleep"'))
-    env = {**os.environ, "HF_ENDPOINT": url}
-    launcher = Launcher("-c", str(launch_toml), env=env)
-    trained: list[int] = []
-    try:
-        for target, (stage, message) in zip((3, 7), (("ERROR", "Job was preempted"),
-                                                     ("ERROR", "Job timeout: it ran 60 seconds")),
-                                            strict=True):
-            await asyncio.to_thread(launcher.wait_out, lambda ln, t=target: committed(ln, t), 200)
+    resuming(tmp_path)
+    launcher = Launcher("-c", str(launch_toml), env={**os.environ, "HF_ENDPOINT": url})
+
+    def ending(stage: str, message: str) -> Callable[[], Awaitable[None]]:
+        async def end() -> None:
             (job_id,) = fake.live()
             await fake.end(job_id, stage, message)
-            trained += trained_steps(remote / "state")
-            shutil.rmtree(remote / "out")
-            shutil.rmtree(remote / "state")
-        assert await asyncio.to_thread(launcher.wait, 240) == 0, launcher.tail()
-        trained += trained_steps(remote / "state")
+        return end
+
+    try:
+        recovered = await outlive(launcher, tmp_path / "remote", [
+            ("preemption", ending("ERROR", "Job was preempted")),
+            ("timeout", ending("ERROR", "Job timeout: it ran 60 seconds"))])
+        for recovery in recovered:
+            print(recovery.row("hf-jobs"))
         assert len(fake.jobs) == 3
         assert fake.live() == []
-        recovered = [e for e in launcher.events() if e.get("event") == "launch_recovered"]
-        assert len(recovered) == 2
-        counts = {s: trained.count(s) for s in set(trained)}
-        for e in recovered:
-            print(f"recovery: {e['state']} ({e['message']}) from {e['checkpoint']}, "
-                  f"steps_lost={e['steps_lost']}, seconds_to_running={e['seconds']}")
-        print(f"step trainings: {counts}")
-        assert set(range(1, 11)) <= set(counts), counts
-        assert all(n <= 2 for n in counts.values()), counts
     finally:
         launcher.kill()
         await fake.stop_all()

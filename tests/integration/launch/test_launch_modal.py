@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,16 +14,20 @@ import pytest
 from tests.integration.launch.lifecycle import (
     Launcher,
     committed,
+    outlive,
     project,
+    resuming,
     status_pull_down,
     trainer_pids,
 )
 from tests.support.requires import need_module
 
 from traind.launch.commands import jobflow
-from traind.launch.config import LaunchConfig
+from traind.launch.commands.flow import log_event
+from traind.launch.config import LaunchConfig, ModalSection
 from traind.launch.errors import BackendAPIError, ProvisionError
 from traind.launch.handles import LaunchStore
+from traind.launch.jobs import LABEL
 from traind.launch.registry import open_job_backend
 from traind.util.poll import poll_until
 
@@ -181,6 +185,45 @@ async def test_sandbox_ended_at_its_timeout_is_reported_as_timeout(
     assert fake.live() == []
 
 
+async def test_a_launch_without_gpu_is_a_v2_sandbox(
+    tmp_path: Path, modal_fake: tuple[FakeModal, str], store: LaunchStore
+) -> None:
+    """With no GPU the client makes a V2 sandbox (SandboxCreateV2): it runs, its stdout comes
+    through the task's command router, ``down`` terminates it (SandboxTerminateV2) and Modal's
+    listing shows nothing of it."""
+    fake, _ = modal_fake
+    ctx = context(tmp_path, store, gpu="")
+    async with asyncio.timeout(60):
+        record = await jobflow.launch(ctx, tmp_path / "l.toml")
+        (box,) = fake.sandboxes.values()
+
+        async def said() -> bytes:
+            return fake.stdout(box)
+
+        assert await poll_until(said, within=30, every=0.2)
+        lines = [line async for line in ctx.backend.logs(record.handle, follow=False)]
+        assert await listed("md") == [box.id]
+        await jobflow.down(ctx, record, pull_first=False)
+        assert await listed("md") == []
+    assert box.v2
+    assert not box.definition.resources.gpu_config.gpu_type
+    assert "SandboxCreate" not in fake.calls
+    assert {"SandboxCreateV2", "SandboxStdioReadV2", "SandboxTerminateV2"} <= set(fake.calls)
+    assert any(log_event(line) for line in lines), lines
+    assert "TRAIND_CONFIG_TOML" in box.env
+    assert fake.live() == []
+
+
+async def listed(label: str) -> list[str]:
+    """The sandboxes of launch ``label`` Modal lists as running in the launches' app
+    (SandboxListV2, through the client)."""
+    import modal
+
+    app = await modal.App.lookup.aio(ModalSection.model_fields["app"].default)
+    return [sb.object_id async for sb in modal.Sandbox.list.aio(app_id=app.app_id,
+                                                                tags={LABEL: label})]
+
+
 def modal_env(url: str) -> dict[str, str]:
     """The launcher's environment: the client pointed at the stand-in."""
     return {**os.environ, "MODAL_SERVER_URL": url}
@@ -209,8 +252,7 @@ async def test_modal_life_cycle(
         assert box.tags == {"team": "ml", "traind-launch": "tiny"}
         gpu = box.definition.resources.gpu_config
         assert (gpu.gpu_type, gpu.count, box.definition.timeout_secs) == ("A100-80GB", 2, 200)
-        given = [fake.secrets[s] for s in box.definition.secret_ids]
-        assert any("TRAIND_CONFIG_TOML" in secret for secret in given)
+        assert "TRAIND_CONFIG_TOML" in box.env
         facts, said = await status_pull_down(tmp_path, env)
         assert facts["instance"] == box.id
         assert fake.live() == []
@@ -249,5 +291,42 @@ async def test_down_terminates_a_running_sandbox(
         assert fake.live() == []
         assert store.names() == []
         assert not await poll_until(probe, done=lambda pids: not pids, within=20, every=0.2)
+    finally:
+        launcher.kill()
+
+
+@pytest.mark.timeout(420)
+async def test_a_run_outlives_a_preempted_and_a_timed_out_sandbox(
+    tmp_path: Path, modal_fake: tuple[FakeModal, str], store: LaunchStore
+) -> None:
+    """A sandbox preempted (SIGINT, SIGKILL after the grace) and one ended at its timeout
+    mid-training are replaced: each next one restores the newest committed checkpoint, the run
+    ends with the trainer's exit 0, no step trained more than once again, Modal lists nothing
+    running."""
+    need_module("trl")
+    fake, url = modal_fake
+    fake.scheduling = 3.0  # the test wipes the ended sandbox's disk before the next one starts
+    launch_toml = project(tmp_path, max_steps=10, backend_toml=(
+        'backend = "modal"\n\n[modal]\nimage = "traind:test"\ngpu = "A10G"\n'
+        'poll_interval = "200ms"\n'))
+    resuming(tmp_path)
+    launcher = Launcher("-c", str(launch_toml), env=modal_env(url))
+
+    def ending(end: Callable[[str], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        async def ended() -> None:
+            (box_id,) = await listed("tiny")
+            await end(box_id)
+            gone = await poll_until(lambda: listed("tiny"), done=lambda ids: box_id not in ids,
+                                    within=30, every=0.2)
+            assert box_id not in gone
+        return ended
+
+    try:
+        recovered = await outlive(launcher, tmp_path / "remote", [
+            ("preemption", ending(fake.preempt)), ("timeout", ending(fake.time_out))])
+        for recovery in recovered:
+            print(recovery.row("modal"))
+        assert len(fake.sandboxes) == 3
+        assert await listed("tiny") == []
     finally:
         launcher.kill()

@@ -98,6 +98,17 @@ def test_resume_from_a_restored_directory_elsewhere(tmp_path: Path) -> None:
     assert _global_step(out / "checkpoint-3") == 3
 
 
+def test_resume_from_the_final_checkpoint_trains_no_further_step(tmp_path: Path) -> None:
+    """Resumed from its checkpoint at max_steps, a run exits 0 having trained no step (not one
+    past max_steps, as transformers' Trainer would)."""
+    out = tmp_path / "out"
+    assert _train(out, max_steps=2, save_steps=1).returncode == 0
+    again = _train(out, max_steps=2, save_steps=1, resume=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _steps_printed(again.stdout) == []
+    assert _checkpoints(out) == ["checkpoint-1", "checkpoint-2"]
+
+
 def test_hang_at_step_keeps_the_process_alive(tmp_path: Path) -> None:
     """--hang-at-step 1 stops after checkpoint 1 is saved and stays alive until killed."""
     out = tmp_path / "out"

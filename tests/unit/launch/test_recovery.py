@@ -69,3 +69,18 @@ def test_an_unreachable_end_is_recovered_with_its_seconds() -> None:
                recoveries=0, max_recoveries=3, taken_down=False)
     assert d.recover
     assert d.reason == "ended unreachable: unreachable for 31 s while runpod lists it running"
+
+
+def test_a_job_exiting_0_has_finished_only_after_run_complete() -> None:
+    """A job that exited 0 finished when traind logged run_complete; without it traind was
+    stopped (SIGTERM/SIGINT commit and exit 0) and the job is "stopped", to be recovered."""
+    stopped = Progress()
+    stopped.see(json.dumps({"event": "supervisor_stopped", "outcome": "stopped"}))
+    ending = stopped.job_ending(True, "completed", "exited with status 0")
+    assert ending.state == "stopped"
+    assert "before traind's run_complete" in ending.message
+    assert decide(ending, 0, 3, taken_down=False).recover
+    done = Progress()
+    done.see(json.dumps({"event": "run_complete", "exit": True}))
+    assert done.job_ending(True, "completed", "").state == "finished"
+    assert done.job_ending(False, "timeout", "ran 60s").state == "timeout"

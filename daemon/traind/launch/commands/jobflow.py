@@ -188,8 +188,8 @@ async def _ending(
                               every=ctx.config.job_section().poll_interval)
     log.info("launch_job_ended", launch=record.name, instance=record.handle.instance_id,
              state=str(status.state), message=status.message)
-    state = "finished" if status.state is JobState.COMPLETED else str(status.state)
-    return progress.ending(state, status.message)
+    return progress.job_ending(status.state is JobState.COMPLETED, str(status.state),
+                               status.message)
 
 
 async def status(ctx: Context, record: LaunchRecord) -> dict[str, Any]:
