@@ -171,7 +171,9 @@ async def _floor_child(child: str, endpoint: str, bucket: str, src: str, inside:
     from pydantic import SecretStr
 
     from traind.config import S3Storage
-    from traind.storage.s3.client import SMALL_FILES_PER_SLOT, open_client, target_of
+    from traind.storage.s3.buffers import SMALL_FILES_PER_SLOT
+    from traind.storage.s3.client import open_client
+    from traind.storage.s3.target import target_of
 
     config = S3Storage(type="s3", bucket=bucket, endpoint_url=endpoint, region=REGION,
                        addressing_style="path", access_key_id=SecretStr(ACCESS_KEY),

@@ -33,16 +33,11 @@ from traind.storage.base import (
     PutMode,
     UploadSession,
 )
-from traind.storage.s3.buffers import BufferPool, TokenBucket
-from traind.storage.s3.client import SMALL_FILES_PER_SLOT, Ops, open_client, target_of
-from traind.storage.s3.conditional import (
-    CONDITIONAL,
-    LISTED,
-    honours_conditional,
-    put_object,
-)
+from traind.storage.s3.buffers import SMALL_FILES_PER_SLOT, BufferPool, TokenBucket
+from traind.storage.s3.client import Ops, open_client, put_object
+from traind.storage.s3.conditional import CONDITIONAL, LISTED, honours_conditional
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
-from traind.storage.s3.errors import RetryPolicy
+from traind.storage.s3.target import RetryPolicy, target_of
 from traind.storage.s3.upload import Uploader, upload_id_of
 from traind.util.tasks import Slots, task_group
 
@@ -91,7 +86,13 @@ class S3Store:
             return self._caps
 
     async def _detect(self, ops: Ops) -> Capabilities:
-        c = await honours_conditional(ops, self._run_prefix)
+        async def create(key: str, data: bytes) -> bool:
+            return await put_object(ops, key, data, IfNoneMatch="*")
+
+        async def remove(key: str) -> None:
+            await ops.call("delete_object", key)
+
+        c = await honours_conditional(create, remove, self._run_prefix)
         return Capabilities(create=c, update=c, claim=CONDITIONAL if c else LISTED)
 
     async def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> bool:
