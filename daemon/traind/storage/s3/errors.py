@@ -14,15 +14,19 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import aiohttp
-import structlog
 from botocore import exceptions as bce
 
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.s3.target import RetryPolicy, S3Target, answer_sentence, transient_answer
+from traind.storage.s3.target import (
+    ClientErrors,
+    RetryPolicy,
+    S3Target,
+    answer_sentence,
+    transient_answer,
+)
+from traind.storage.s3.target import retrying as retry_translated
 from traind.util import redact
-from traind.util.retry import retrying as retry
 
-log = structlog.get_logger("traind.s3")
 T = TypeVar("T")
 
 
@@ -106,6 +110,11 @@ _LIBRARY_ERRORS = (
 )
 
 
+BOTOCORE = ClientErrors(_LIBRARY_ERRORS, lambda exc: isinstance(exc, bce.ClientError),
+                       error_code, is_transient, translate)
+"""How aiobotocore's failures read."""
+
+
 async def retrying(
     attempt: Callable[[], Awaitable[T]],
     op: str,
@@ -114,27 +123,5 @@ async def retrying(
     policy: RetryPolicy,
 ) -> T:
     """Await ``attempt()`` until it succeeds, a permanent error happens, or retries run out;
-    raise the translated error."""
-
-    async def once() -> T:
-        try:
-            result = await attempt()
-        except bce.ClientError:
-            target.reached = True
-            raise
-        target.reached = True
-        return result
-
-    def retried(exc: BaseException) -> bool:
-        # An endpoint never reached is down or misconfigured: the caller decides.
-        return isinstance(exc, _LIBRARY_ERRORS) and is_transient(exc, target)
-
-    def logged(exc: BaseException, n: int, pause: float) -> None:
-        log.warning("s3_retry", op=op, key=key, attempt=n, delay=round(pause, 2),
-                    error=error_code(exc) or type(exc).__name__)
-
-    try:
-        return await retry(once, policy.backoff, policy.retries, retried, logged)
-    except _LIBRARY_ERRORS as exc:
-        note = f" (gave up after {policy.retries + 1} attempts)" if retried(exc) else ""
-        raise translate(exc, op, key, target, note) from exc
+    raise the translated error (``target.retrying`` with aiobotocore's errors)."""
+    return await retry_translated(attempt, op, key, target, policy, BOTOCORE)

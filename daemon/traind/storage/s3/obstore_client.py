@@ -21,7 +21,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 import obstore
-import structlog
 from obstore.exceptions import (
     AlreadyExistsError,
     BaseError,
@@ -33,14 +32,19 @@ from obstore.store import S3Store
 from traind import __version__
 from traind.config import S3Storage
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.s3.target import RetryPolicy, S3Target, answer_sentence, transient_answer
+from traind.storage.s3.target import (
+    ClientErrors,
+    RetryPolicy,
+    S3Target,
+    answer_sentence,
+    retrying,
+    transient_answer,
+)
 from traind.util import redact
-from traind.util.retry import retrying as retry
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Config, S3Credential
 
-log = structlog.get_logger("traind.s3")
 T = TypeVar("T")
 _MIN_SEND_RATE = 256 * 1024
 """Bytes/s below which one request attempt is abandoned as hung (and retried)."""
@@ -182,6 +186,16 @@ def translate(exc: BaseException, op: str, key: str | None, target: S3Target,
                key=key, op=op)
 
 
+def _answered(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError) or (
+        isinstance(exc, BaseError) and Answer.of(exc).status > 0)
+
+
+OBSTORE = ClientErrors(_LIBRARY_ERRORS, _answered, lambda exc: Answer.of(exc).code,
+                       is_transient, translate)
+"""How obstore's failures read."""
+
+
 @dataclass
 class Calls:
     """Requests on one bucket through obstore, with the retry policy and error translation."""
@@ -197,32 +211,9 @@ class Calls:
         succeeds, fails for good or retries run out (``retries``, else the policy's); each
         attempt is bounded by the time ``nbytes`` may take at the slowest rate accepted."""
         limit = self.read_timeout * 2 + nbytes / _MIN_SEND_RATE
-        target = self.target
 
-        async def once() -> T:
-            try:
-                async with asyncio.timeout(limit):
-                    result = await request()
-            except BaseError as exc:
-                if Answer.of(exc).status:
-                    target.reached = True
-                raise
-            except FileNotFoundError:
-                target.reached = True
-                raise
-            target.reached = True
-            return result
+        async def attempt() -> T:
+            async with asyncio.timeout(limit):
+                return await request()
 
-        def retried(exc: BaseException) -> bool:
-            return isinstance(exc, _LIBRARY_ERRORS) and is_transient(exc, target)
-
-        def logged(exc: BaseException, n: int, pause: float) -> None:
-            log.warning("s3_retry", op=op, key=key, attempt=n, delay=round(pause, 2),
-                        error=Answer.of(exc).code or type(exc).__name__)
-
-        tries = self.policy.retries if retries is None else retries
-        try:
-            return await retry(once, self.policy.backoff, tries, retried, logged)
-        except _LIBRARY_ERRORS as exc:
-            note = f" (gave up after {tries + 1} attempts)" if retried(exc) and tries else ""
-            raise translate(exc, op, key, target, note) from exc
+        return await retrying(attempt, op, key, self.target, self.policy, OBSTORE, retries)

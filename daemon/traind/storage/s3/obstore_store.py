@@ -21,19 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import obstore
-import structlog
 
 from traind.config import S3Storage
 from traind.errors import IntegrityError, StorageError
-from traind.layout.keys import check_key, check_relpath
+from traind.layout.keys import check_relpath
 from traind.storage.base import (
-    OVERWRITE,
     Advance,
     Blob,
-    Capabilities,
     LocalFile,
     ObjectMeta,
-    PutMode,
     UploadSession,
     counted,
 )
@@ -41,21 +37,19 @@ from traind.storage.s3.buffers import (
     INLINE_READ,
     SMALL_FILES_PER_SLOT,
     BufferPool,
-    TokenBucket,
     new_digest,
     part_size_for,
     read_part,
 )
-from traind.storage.s3.conditional import CONDITIONAL, LISTED, PRECONDITION, honours_conditional
+from traind.storage.s3.conditional import PRECONDITION
 from traind.storage.s3.obstore_client import Calls, open_store
-from traind.storage.s3.target import RetryPolicy, target_of
+from traind.storage.s3.shared import S3StoreBase
 from traind.util.fileio import SharedFd, create, local_errors, write_all
 from traind.util.tasks import Slots, fan_out, task_group
 
 if TYPE_CHECKING:
     from obstore import PutMode as ObstoreMode
 
-log = structlog.get_logger("traind.s3")
 RANGE_SIZE = 12 * 1024 * 1024
 """Bytes per ranged GET of a restore."""
 SMALL_FETCH = 1024 * 1024
@@ -68,30 +62,13 @@ beside the files of one range."""
 JSON = {"Content-Type": "application/json"}
 
 
-class ObstoreS3Store:
+class ObstoreS3Store(S3StoreBase):
     """Objects in ``s3://<bucket>/<prefix>/<run>/`` through obstore; no I/O until used."""
 
     def __init__(self, config: S3Storage, run: str) -> None:
-        self._config = config
-        self._run_prefix = f"{config.prefix}/{run}/" if config.prefix else f"{run}/"
-        self._target = target_of(config)
-        self._policy = RetryPolicy(config.retries, cap=config.retry_max_delay)
+        super().__init__(config, run)
         self._calls: Calls | None = None
         self._parts: Calls | None = None
-        self._bandwidth = TokenBucket(config.max_bandwidth) if config.max_bandwidth else None
-        self._caps: Capabilities | None = None
-        self._caps_lock = asyncio.Lock()
-
-    @property
-    def describe(self) -> str:
-        where = f"s3://{self._config.bucket}/{self._run_prefix}"
-        return f"{where} at {self._target.endpoint}" if self._config.endpoint_url else where
-
-    def where(self, key: str) -> str:
-        return f"s3://{self._config.bucket}/{self._run_prefix}{key}"
-
-    def _key(self, key: str) -> str:
-        return self._run_prefix + check_key(key)
 
     @property
     def _s3(self) -> Calls:
@@ -103,41 +80,11 @@ class ObstoreS3Store:
         store = open_store(self._config, self._target, retries)
         return Calls(store, self._target, self._policy, self._config.read_timeout)
 
-    async def capabilities(self) -> Capabilities:
-        async with self._caps_lock:
-            if self._caps is None:
-                self._caps = await self._detect()
-            return self._caps
-
-    async def _detect(self) -> Capabilities:
-        async def create(full: str, data: bytes) -> bool:
-            return await self._put(full, data, "create")
-
-        c = await honours_conditional(create, self._delete_one, self._run_prefix)
-        return Capabilities(create=c, update=c, claim=CONDITIONAL if c else LISTED)
-
-    async def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> bool:
-        full = self._key(key)
-        if mode.kind == "overwrite":
-            return await self._put(full, data, "overwrite")
-        caps = await self.capabilities()
-        if mode.kind == "create":
-            if caps.create:
-                return await self._put(full, data, "create")
-            if await self._etag(full) is not None:
-                return False
-            return await self._put(full, data, "overwrite")
-        assert mode.version is not None
-        if caps.update:
-            try:
-                return await self._put(full, data, {"e_tag": mode.version})
-            except StorageError as exc:
-                if exc.missing:
-                    return False
-                raise
-        if await self._etag(full) != mode.version:
-            return False
-        return await self._put(full, data, "overwrite")
+    async def _put_full(self, full: str, data: bytes, *, create: bool = False,
+                        version: str | None = None) -> bool:
+        mode: ObstoreMode = "create" if create else {"e_tag": version} if version else (
+            "overwrite")
+        return await self._put(full, data, mode)
 
     async def _put(self, full: str, data: bytes, mode: ObstoreMode,
                    attributes: dict[str, str] | None = JSON) -> bool:
@@ -153,16 +100,23 @@ class ObstoreS3Store:
             raise
         return True
 
-    async def _etag(self, full: str) -> str | None:
-        """The ETag of the object at the full key ``full``, None when there is none."""
+    async def _meta(self, full: str) -> obstore.ObjectMeta | None:
+        """The object at the full key ``full`` as HEAD gives it, None when there is none."""
         s3 = self._s3
         try:
-            meta = await s3.call("head_object", full, lambda: obstore.head_async(s3.store, full))
+            return await s3.call("head_object", full, lambda: obstore.head_async(s3.store, full))
         except StorageError as exc:
             if exc.missing:
                 return None
             raise
-        return meta["e_tag"] or ""
+
+    async def _etag(self, full: str) -> str | None:
+        meta = await self._meta(full)
+        return None if meta is None else meta["e_tag"] or ""
+
+    async def _delete_full(self, full: str) -> None:
+        s3 = self._s3
+        await s3.call("delete_object", full, lambda: obstore.delete_async(s3.store, full))
 
     async def get(self, key: str) -> Blob | None:
         s3, full = self._s3, self._key(key)
@@ -193,13 +147,9 @@ class ObstoreS3Store:
         return bytes(data)
 
     async def head(self, key: str) -> ObjectMeta | None:
-        s3, full = self._s3, self._key(key)
-        try:
-            meta = await s3.call("head_object", full, lambda: obstore.head_async(s3.store, full))
-        except StorageError as exc:
-            if exc.missing:
-                return None
-            raise
+        meta = await self._meta(self._key(key))
+        if meta is None:
+            return None
         return ObjectMeta(key, meta["size"], meta["last_modified"].timestamp())
 
     async def list(self, prefix: str) -> list[ObjectMeta]:
@@ -228,19 +178,10 @@ class ObstoreS3Store:
         if not keys:
             return
         s3 = self._s3
-        objects = [self._key(k) for k in keys]
-        # As ``S3Store.delete``: a store on a filer (SeaweedFS) lists a directory after its
-        # last object went, so the directories go too (object_store names them without
-        # their "/"), after the objects, deepest first; a directory still holding any stays.
-        dirs = sorted({self._run_prefix + k[:i] for k in keys for i, c in enumerate(k)
-                       if c == "/"}, key=lambda d: (-d.count("/"), d))
-        ordered = objects + dirs
+        # object_store names a directory without its "/".
+        ordered = [self._key(k) for k in keys] + self._directories(keys, slash=False)
         await s3.call("delete_objects", self._run_prefix,
                       lambda: obstore.delete_async(s3.store, ordered))
-
-    async def _delete_one(self, full: str) -> None:
-        s3 = self._s3
-        await s3.call("delete_object", full, lambda: obstore.delete_async(s3.store, full))
 
     async def send(
         self, prefix: str, root: Path, files: Sequence[LocalFile], session: UploadSession
@@ -330,30 +271,17 @@ class ObstoreS3Store:
     async def fetch(
         self, prefix: str, files: Sequence[LocalFile], dest: Path, advance: Advance
     ) -> dict[str, str]:
-        hashes: dict[str, str] = {}
         small = Slots(self._config.concurrency * SMALL_FILES_PER_SLOT)
         single = Slots(self._config.concurrency)
         large = Slots(LARGE_FETCHES)
 
-        async def one(f: LocalFile) -> None:
-            full = self._key(prefix + f.path)
+        async def one(f: LocalFile, full: str) -> str:
             target = dest / check_relpath(f.path)
             slots = (small if f.size <= SMALL_FETCH else single if f.size <= RANGE_SIZE
                      else large)
-            try:
-                hashes[f.path] = await slots.run(
-                    lambda: self._fetch_file(full, target, f.size, advance))
-            except StorageError as exc:
-                if not exc.missing:
-                    raise
-                raise IntegrityError(
-                    f"s3://{self._config.bucket}/{full}: missing from the store ({exc.code})"
-                ) from exc
+            return await slots.run(lambda: self._fetch_file(full, target, f.size, advance))
 
-        async with task_group() as tg:
-            for f in files:
-                tg.create_task(one(f))
-        return hashes
+        return await self._fetched(prefix, files, one)
 
     async def _fetch_file(self, full: str, target: Path, size: int, advance: Advance) -> str:
         """Write the object at ``full`` (``size`` bytes per the manifest) to ``target``;
@@ -427,10 +355,7 @@ class ObstoreS3Store:
             except StorageError as exc:
                 raise type(exc)(f"probe failed at {what}: {exc}", code=exc.code,
                                 status=exc.status, key=exc.key, op=exc.op) from exc
-        async with self._caps_lock:
-            self._caps = caps = await self._detect()
-        log.info("s3_probe_ok", bucket=self._config.bucket, prefix=self._run_prefix,
-                 claim=caps.claim)
+        await self._probed()
 
     async def aclose(self) -> None:
         self._calls = self._parts = None

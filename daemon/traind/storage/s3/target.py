@@ -1,14 +1,24 @@
-"""What both S3 clients share: where requests go (secret-free), the retry policy, and the
-table from S3's answers (error code, HTTP status) to "retry" or a sentence saying what is
-wrong. Nothing here imports a client library."""
+"""What both S3 clients share: where requests go (secret-free), the retry policy and its loop,
+and the table from S3's answers (error code, HTTP status) to "retry" or a sentence saying
+what is wrong. Nothing here imports a client library: each says how its failures read
+(``ClientErrors``)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import structlog
 
 from traind.config import S3Storage
+from traind.errors import StorageError
 from traind.util import redact
 from traind.util.retry import Backoff
+from traind.util.retry import retrying as retry
+
+log = structlog.get_logger("traind.s3")
+T = TypeVar("T")
 
 TRANSIENT_CODES = {
     "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "OperationAborted",
@@ -91,3 +101,57 @@ class RetryPolicy:
     def backoff(self) -> Backoff:
         """The pauses between attempts."""
         return Backoff(self.base, self.cap, jitter=1.0)
+
+
+@dataclass(frozen=True)
+class ClientErrors:
+    """How one S3 client's failures read, for ``retrying``."""
+
+    raised: tuple[type[BaseException], ...]
+    """What its calls raise when a request fails."""
+    answered: Callable[[BaseException], bool]
+    """Whether the store answered (the endpoint is reached)."""
+    code: Callable[[BaseException], str]
+    """The S3 error code of a failure, "" if none."""
+    transient: Callable[[BaseException, S3Target], bool]
+    """Whether retrying may succeed."""
+    translate: Callable[[BaseException, str, str | None, S3Target, str], StorageError]
+    """The traind error for a failure of ``op`` on ``key``, a note added to its message."""
+
+
+async def retrying(
+    attempt: Callable[[], Awaitable[T]],
+    op: str,
+    key: str | None,
+    target: S3Target,
+    policy: RetryPolicy,
+    client: ClientErrors,
+    retries: int | None = None,
+) -> T:
+    """Await ``attempt()`` until it succeeds, a permanent error happens, or retries
+    (``retries``, else the policy's) run out; raise the translated error."""
+
+    async def once() -> T:
+        try:
+            result = await attempt()
+        except client.raised as exc:
+            if client.answered(exc):
+                target.reached = True
+            raise
+        target.reached = True
+        return result
+
+    def retried(exc: BaseException) -> bool:
+        # An endpoint never reached is down or misconfigured: the caller decides.
+        return isinstance(exc, client.raised) and client.transient(exc, target)
+
+    def logged(exc: BaseException, n: int, pause: float) -> None:
+        log.warning("s3_retry", op=op, key=key, attempt=n, delay=round(pause, 2),
+                    error=client.code(exc) or type(exc).__name__)
+
+    tries = policy.retries if retries is None else retries
+    try:
+        return await retry(once, policy.backoff, tries, retried, logged)
+    except client.raised as exc:
+        note = f" (gave up after {tries + 1} attempts)" if retried(exc) else ""
+        raise client.translate(exc, op, key, target, note) from exc
