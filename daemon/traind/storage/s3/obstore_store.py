@@ -250,7 +250,7 @@ class ObstoreS3Store(S3StoreBase):
         return str(digest.hexdigest())
 
     async def _parts_of(self, path: Path, size: int, part: int, digest: object,
-                        advance: Advance) -> AsyncIterator[bytes]:
+                        advance: Advance) -> AsyncIterator[bytearray]:
         """The parts of ``path``, each read and hashed in a worker thread as it is asked for."""
         with local_errors("read", path):
             file = SharedFd(await asyncio.to_thread(os.open, path, os.O_RDONLY))
@@ -263,7 +263,7 @@ class ObstoreS3Store(S3StoreBase):
                                             digest, False)
                 if self._bandwidth is not None:
                     await self._bandwidth.take(length)
-                yield bytes(data)
+                yield data  # a new buffer a part, never changed again: handed over uncopied
                 advance(length)
         finally:
             file.close()
@@ -309,17 +309,18 @@ class ObstoreS3Store(S3StoreBase):
         return str(digest.hexdigest())
 
     async def _fetch_range(self, full: str, fd: int, target: Path, size: int, start: int,
-                           end: int) -> bytes:
+                           end: int) -> memoryview:
         """Bytes ``start`` to ``end`` of ``full``, written at ``start`` of ``fd``; refused
         unless they are exactly those bytes of a ``size``-byte object."""
         s3 = self._s3
         if self._bandwidth is not None:
             await self._bandwidth.take(end - start)
 
-        async def get() -> tuple[int, bytes]:
+        async def get() -> tuple[int, memoryview]:
             result = await obstore.get_async(
                 s3.store, full, options={"range": (start, end)} if end > start else None)
-            return result.meta["size"], bytes(await result.bytes_async())
+            # obstore's own buffer, not copied: written and hashed from there.
+            return result.meta["size"], memoryview(await result.bytes_async())
 
         total, data = await s3.call("get_object", full, get, end - start)
         if total != size or len(data) != end - start:
