@@ -206,11 +206,13 @@ class Calls:
     read_timeout: float
 
     async def call(self, op: str, key: str | None, request: Callable[[], Awaitable[T]],
-                   nbytes: int = 0, retries: int | None = None) -> T:
+                   nbytes: int | None = 0, retries: int | None = None) -> T:
         """Await ``request()`` (one obstore call, ``op`` naming it for messages) until it
         succeeds, fails for good or retries run out (``retries``, else the policy's); each
-        attempt is bounded by the time ``nbytes`` may take at the slowest rate accepted."""
-        limit = self.read_timeout * 2 + nbytes / _MIN_SEND_RATE
+        attempt is bounded by the time ``nbytes`` may take at the slowest rate accepted
+        (None: a call of many requests, a listing's pages, each bounded by the client's
+        ``timeout``)."""
+        limit = None if nbytes is None else self.read_timeout * 2 + nbytes / _MIN_SEND_RATE
 
         async def attempt() -> T:
             async with asyncio.timeout(limit):

@@ -165,7 +165,7 @@ class ObstoreS3Store(S3StoreBase):
                     async for chunk in obstore.list(s3.store, directory, chunk_size=1000)
                     for m in chunk if m["path"].startswith(base)]
 
-        return await s3.call("list_objects_v2", base, listed)
+        return await s3.call("list_objects_v2", base, listed, None)
 
     async def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         s3 = self._s3
