@@ -2,8 +2,10 @@
 
 Writes a checkpoint of ``--files`` files of ``--file-size`` each (default 5,001 of 64 KiB),
 starts SeaweedFS on loopback and uploads it, in alternating rounds, with ``traind push`` (the
-CLI, a fresh state_dir and bucket each run) and with ``s5cmd cp`` (else ``aws s3 cp
---recursive``); with ``--compare DIR`` (repeatable) also with other checkouts' ``daemon/``
+CLI, a fresh state_dir and bucket each run) through each S3 client (aiobotocore, and obstore:
+``client = "obstore"``) and with ``s5cmd cp`` (else ``aws s3 cp --recursive``); then
+downloads it with ``traind pull`` through each client (every file verified) and ``s5cmd cp``
+(verifying nothing); with ``--compare DIR`` (repeatable) also with other checkouts' ``daemon/``
 (say the last commit before a change), and with ``--setting`` also with other ``[storage]``
 lines.
 Rows are whole command runs, start-up included; traind's transfer alone (its
@@ -56,6 +58,9 @@ OBSTORE_READ = "obstore, each file read and hashed"
 OBSTORE_ROWS = {OBSTORE: "memory", OBSTORE_READ: "read"}
 """The same PUTs through obstore (the Rust ``object_store`` crate): from memory, and with
 each file read and sha256-hashed in Python as it is sent, as a store on obstore would."""
+OBSTORE_CLIENT = 'client = "obstore"'
+"""The ``[storage]`` line of the push and pull rows through traind's obstore store."""
+PEER_PULL = "s5cmd cp (download)"
 INSIDE = Path(tempfile.gettempdir()) / f"traind-bench-many-{os.getpid()}.json"
 """Where the floor child writes the wall and CPU seconds of its PUTs alone."""
 PIN: list[str] = []
@@ -99,25 +104,44 @@ def make_checkpoint(root: Path, files: int, size: int) -> None:
         (root / f"__{i}_0.distcp").write_bytes(os.urandom(size))
 
 
+def traind_config(server: SeaweedS3, src: Path, work: Path, bucket: str, setting: str) -> Path:
+    """A config for run ``bench`` in ``bucket`` with ``setting`` (comma-separated) added to
+    ``[storage]``, its state_dir under ``work``."""
+    storage = (f'type = "s3"\nbucket = "{bucket}"\nendpoint_url = "{server.endpoint}"\n'
+               f'region = "{REGION}"\naddressing_style = "path"\n'
+               f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
+               + "".join(f"{line.strip()}\n" for line in setting.split(",") if line.strip()))
+    return write_config(work / f"{bucket}-{abs(hash(setting))}.toml", run="bench",
+                        output_dir=src.parent, state_dir=work / f"state-{bucket}",
+                        storage=storage)
+
+
 def traind_push(
     server: SeaweedS3, src: Path, work: Path, bucket: str, code: Path, setting: str = ""
 ) -> Run:
     """Push ``src`` with the CLI of the checkout whose ``daemon/`` is ``code`` into
     ``bucket``, with ``setting`` (comma-separated) added to ``[storage]``; the transfer's
     own seconds are those its ``checkpoint_committed`` event says."""
-    state = work / f"state-{bucket}"
-    storage = (f'type = "s3"\nbucket = "{bucket}"\nendpoint_url = "{server.endpoint}"\n'
-               f'region = "{REGION}"\naddressing_style = "path"\n'
-               f'access_key_id = "{ACCESS_KEY}"\nsecret_access_key = "{SECRET_KEY}"\n'
-               + "".join(f"{line.strip()}\n" for line in setting.split(",") if line.strip()))
-    config = write_config(work / f"{bucket}.toml", run="bench", output_dir=src.parent,
-                          state_dir=state, storage=storage)
+    config = traind_config(server, src, work, bucket, setting)
     run, text = timed([sys.executable, "-m", "traind", "push", "-c", str(config), str(src)],
                       dict(peer_env(), PYTHONPATH=str(code)), server)
-    shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(work / f"state-{bucket}", ignore_errors=True)
     for line in text.splitlines():
         if '"checkpoint_committed"' in line:
             return replace(run, alone=float(json.loads(line)["seconds"]))
+    return run
+
+
+def traind_pull(server: SeaweedS3, src: Path, work: Path, bucket: str, setting: str) -> Run:
+    """Restore what ``traind push`` left in ``bucket`` with ``traind pull`` (every file
+    verified against the manifest), with ``setting`` added to ``[storage]``."""
+    config = traind_config(server, src, work, bucket, setting)
+    dest = work / "pulled"
+    run, _ = timed([sys.executable, "-m", "traind", "pull", "-c", str(config),
+                    src.name, str(dest)],
+                   dict(peer_env(), PYTHONPATH=str(ROOT / "daemon")), server)
+    shutil.rmtree(work / f"state-{bucket}", ignore_errors=True)
+    shutil.rmtree(dest, ignore_errors=True)
     return run
 
 
@@ -171,7 +195,9 @@ async def _floor_child(child: str, endpoint: str, bucket: str, src: str, inside:
     from pydantic import SecretStr
 
     from traind.config import S3Storage
-    from traind.storage.s3.client import SMALL_FILES_PER_SLOT, open_client, target_of
+    from traind.storage.s3.buffers import SMALL_FILES_PER_SLOT
+    from traind.storage.s3.client import open_client
+    from traind.storage.s3.target import target_of
 
     config = S3Storage(type="s3", bucket=bucket, endpoint_url=endpoint, region=REGION,
                        addressing_style="path", access_key_id=SecretStr(ACCESS_KEY),
@@ -202,6 +228,16 @@ def peer(server: SeaweedS3, src: Path, bucket: str) -> tuple[str, list[str]] | N
             "aws", "--endpoint-url", server.endpoint, "s3", "cp", "--recursive",
             "--only-show-errors", str(src), f"s3://{bucket}/ck/"]
     return None
+
+
+def peer_pull(server: SeaweedS3, work: Path, bucket: str) -> Run:
+    """Download what the peer tool uploaded to ``bucket`` with s5cmd (nothing verified)."""
+    dest = work / "pulled"
+    argv = ["s5cmd", "--endpoint-url", server.endpoint, "cp", f"s3://{bucket}/ck/*",
+            f"{dest}/"]
+    run_ = timed(argv, peer_env(), server)[0]
+    shutil.rmtree(dest, ignore_errors=True)
+    return run_
 
 
 def main() -> None:
@@ -309,21 +345,27 @@ def run(
     server: SeaweedS3, src: Path, work: Path, repeat: int, compare: list[Path],
     settings: list[str],
 ) -> dict[str, list[Run]]:
-    """Run each tool ``repeat`` times, each round starting one tool later, each run into
-    a fresh bucket; every tool's runs."""
-    codes: dict[str, tuple[Path, str]] = {"traind push": (ROOT / "daemon", "")}
+    """Run each tool ``repeat`` times, each round starting one tool later, each push into a
+    fresh bucket, then each pull from the bucket that round's push of its kind filled;
+    every tool's runs."""
+    codes: dict[str, tuple[Path, str]] = {"traind push": (ROOT / "daemon", ""),
+                                          f"traind push, {OBSTORE_CLIENT}": (ROOT / "daemon",
+                                                                             OBSTORE_CLIENT)}
     for setting in settings:
         codes[f"traind push, {setting}"] = (ROOT / "daemon", setting)
     for other in compare:
         codes[f"traind push ({other})"] = (other, "")
     found = peer(server, src, "x")
     tools = [*codes, FLOOR, *OBSTORE_ROWS, *([found[0]] if found else [])]
-    runs: dict[str, list[Run]] = {tool: [] for tool in tools}
+    pulls = {"traind pull": "", f"traind pull, {OBSTORE_CLIENT}": OBSTORE_CLIENT,
+             **({PEER_PULL: ""} if found and found[0] == "s5cmd cp" else {})}
+    runs: dict[str, list[Run]] = {tool: [] for tool in [*tools, *pulls]}
     buckets = itertools.count()
     for round_ in range(repeat):
+        filled: dict[str, str] = {}
         shift = round_ % len(tools)
         for tool in tools[shift:] + tools[:shift]:
-            bucket = f"b-{next(buckets)}"
+            bucket = filled[tool] = f"b-{next(buckets)}"
             server.create_bucket(bucket)
             os.sync()
             if tool in codes:
@@ -337,8 +379,16 @@ def run(
                 assert argv is not None
                 runs[tool].append(timed(argv[1], peer_env(), server)[0])
             print(f"  round {round_}: {tool} {runs[tool][-1].wall:.2f} s", file=sys.stderr)
+        order = list(pulls)
+        for tool in order[round_ % len(order):] + order[:round_ % len(order)]:
+            os.sync()
+            if tool == PEER_PULL:
+                runs[tool].append(peer_pull(server, work, filled["s5cmd cp"]))
+            else:
+                runs[tool].append(traind_pull(server, src, work, filled["traind push"],
+                                              pulls[tool]))
+            print(f"  round {round_}: {tool} {runs[tool][-1].wall:.2f} s", file=sys.stderr)
     return runs
-
 
 if __name__ == "__main__":
     main()

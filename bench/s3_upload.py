@@ -520,8 +520,9 @@ async def _get_ceiling(endpoint: str, bucket: str, mode: str, inside: str) -> No
     arrives ("sha256"): nothing copied, written or verified."""
     import contextlib
 
-    from traind.storage.s3.client import open_client, target_of
+    from traind.storage.s3.client import open_client
     from traind.storage.s3.download import RANGE_SIZE
+    from traind.storage.s3.target import target_of
 
     config = _config(endpoint, bucket)
     async with contextlib.AsyncExitStack() as stack:

@@ -143,6 +143,7 @@ class S3Storage(Section):
     """``[storage] type = "s3"``: AWS S3 or any S3-compatible store."""
 
     type: Literal["s3"]
+    client: Literal["aiobotocore", "obstore"] = "aiobotocore"
     bucket: str
     prefix: str = ""
     endpoint_url: str | None = None

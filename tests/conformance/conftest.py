@@ -1,8 +1,8 @@
 """The stores every conformance test runs against, each with a real server where it has one:
 memory (also as a store without atomic conditional puts, and as one that stages what it is
-sent as the Hub does), a local directory, SeaweedFS over
-S3 (with conditional writes, and behind a proxy that drops them, so the listing fallback
-decides), OpenSSH's sshd in each transfer mode, and the Hugging Face Hub stand-in
+sent as the Hub does), a local directory, SeaweedFS over S3 through each client, aiobotocore
+and obstore (with conditional writes, and behind a proxy that drops them, so the listing
+fallback decides), OpenSSH's sshd in each transfer mode, and the Hugging Face Hub stand-in
 (``tests/support/fake_hub.py``) with the real ``huggingface_hub`` as its client. A new store
 is done when every test here passes on it."""
 
@@ -29,8 +29,8 @@ from traind.storage import LocalFile, ObjectStore, UploadSession, open_objects
 from traind.storage.base import StagingStore
 from traind.storage.memory import MemoryStore
 
-KINDS = ["memory", "memory-listed", "memory-staged", "local", "s3", "s3-listed", "ssh",
-         "ssh-openssh", "ssh-rsync", "hf"]
+KINDS = ["memory", "memory-listed", "memory-staged", "local", "s3", "s3-listed", "s3-obstore",
+         "s3-obstore-listed", "ssh", "ssh-openssh", "ssh-rsync", "hf"]
 STAGED = {"memory-staged", "hf"}
 """Stores whose send stages files until one change publishes them with the manifest: they
 hold no claim objects (the commit decides whose a tag is): the lease tests run on the others
@@ -177,11 +177,12 @@ async def _opened(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
         bucket = f"t-{uuid.uuid4().hex[:12]}"
         server.create_bucket(bucket)
         endpoint = server.endpoint
-        if kind == "s3-listed":  # a store that ignores If-None-Match / If-Match: found so
+        if kind.endswith("-listed"):  # a store that ignores If-None-Match / If-Match: found so
             proxy = await stack.enter_async_context(
                 throttling_proxy(endpoint, ignore_conditions=True))
             endpoint = proxy.endpoint
-        config_s = s3_config(endpoint, bucket)
+        client = "obstore" if kind.startswith("s3-obstore") else "aiobotocore"
+        config_s = s3_config(endpoint, bucket, client=client)
         build = lambda: open_objects(config_s, RUN)  # noqa: E731
     elif kind == "hf":
         hub_: FakeHub = request.getfixturevalue("hub")

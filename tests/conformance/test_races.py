@@ -18,7 +18,8 @@ ROUNDS = 20
 MAX_ROUNDS = 200
 
 
-@pytest.mark.parametrize("stores", ["memory-listed", "s3-listed"], indirect=True)
+@pytest.mark.parametrize("stores", ["memory-listed", "s3-listed", "s3-obstore-listed"],
+                         indirect=True)
 async def test_two_writers_one_copy_every_round(stores: Stores, tmp_path: Path) -> None:
     """Two streamers commit the same tag with different bytes at the same instant, 20
     rounds: one committed copy each round, whole and restorable; the resolution time of

@@ -21,9 +21,9 @@ from traind.config import S3Storage
 from traind.protocol import CheckpointStore, open_storage
 from traind.storage import LocalFile
 from traind.storage.s3 import store as s3
-from traind.storage.s3.client import Ops, open_client, target_of
-from traind.storage.s3.errors import RetryPolicy
+from traind.storage.s3.client import Ops, open_client
 from traind.storage.s3.store import S3Store
+from traind.storage.s3.target import RetryPolicy, target_of
 
 MIB = 1024 * 1024
 

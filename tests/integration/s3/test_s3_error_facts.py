@@ -11,8 +11,8 @@ from tests.integration.s3.conftest import opened_ops, s3_config
 from tests.support.seaweed import SeaweedS3
 
 from traind.errors import StorageError, TransientStorageError
-from traind.storage.s3.conditional import put_object
-from traind.storage.s3.errors import RetryPolicy
+from traind.storage.s3.client import put_object
+from traind.storage.s3.target import RetryPolicy
 
 
 async def test_store_errors_carry_code_status_and_key(s3_server: SeaweedS3, bucket: str) -> None:

@@ -35,8 +35,7 @@ from traind.protocol import CheckpointStore
 from traind.storage import LocalFile
 from traind.storage.s3 import client as s3_client
 from traind.storage.s3 import store as s3
-from traind.storage.s3.buffers import PartBody
-from traind.storage.s3.client import Ops
+from traind.storage.s3.client import Ops, PartBody
 from traind.storage.s3.store import S3Store
 from traind.storage.s3.upload import Resume
 

@@ -1,10 +1,5 @@
-"""Moving bytes cheaply: reusable part buffers, a zero-copy request body, a bandwidth cap.
-
-The request body matters on a host whose cores the trainer (and here, the server) needs:
-handing aiohttp one large ``bytes`` makes the 3.11 event loop copy whatever the socket did
-not take at once, many times the client CPU of writing the same buffer as 1 MiB memoryview
-slices with back-pressure, as ``PartBody`` does (bench/s3_upload.py).
-"""
+"""Moving bytes cheaply, whichever client sends them: reusable part buffers, reading a part
+hashed, a bandwidth cap."""
 
 from __future__ import annotations
 
@@ -17,9 +12,6 @@ import os
 import time
 from typing import Any
 
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.payload import Payload
-
 from traind.util.fileio import SharedFd
 
 try:
@@ -28,55 +20,16 @@ try:
 except ImportError:  # pragma: no cover - the same checksum, only slower
     from zlib import crc32
 
-WRITE_SLICE = 1024 * 1024
 
-
-class PartBody(Payload):
-    """A request body over a memoryview, sent in slices without copying.
-
-    It also offers ``read``/``seek``/``tell`` so botocore can measure it and, where a store
-    needs a checksum botocore computes itself, read it.
-    """
-
-    def __init__(self, view: memoryview) -> None:
-        super().__init__(view, content_type="application/octet-stream")
-        self._view = view
-        self._pos = 0
-
-    @property
-    def size(self) -> int:
-        return len(self._view)
-
-    def __len__(self) -> int:
-        return len(self._view)
-
-    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return bytes(self._view).decode(encoding, errors)
-
-    async def write(self, writer: AbstractStreamWriter) -> None:
-        await self.write_with_length(writer, None)
-
-    async def write_with_length(
-        self, writer: AbstractStreamWriter, content_length: int | None
-    ) -> None:
-        end = len(self._view) if content_length is None else content_length
-        view = self._view[:end]
-        for start in range(0, len(view), WRITE_SLICE):
-            await writer.write(view[start : start + WRITE_SLICE])
-
-    def read(self, amt: int = -1) -> bytes:
-        end = len(self._view) if amt is None or amt < 0 else min(len(self._view), self._pos + amt)
-        chunk = bytes(self._view[self._pos : end])
-        self._pos = end
-        return chunk
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
+MAX_PARTS = 10_000
+MIB = 1024 * 1024
+INLINE_READ = 256 * 1024
+"""Files up to this size are read and hashed on the event loop: for a checkpoint of many
+small files, a hop to a worker thread per file costs more than the read itself."""
+SMALL_FILES_PER_SLOT = 16
+"""Files sent in one PUT go this many per ``concurrency`` slot: each is one short request,
+so its time is mostly waiting for the store's answer, and more of them in flight keep the
+connections busy (their bytes stay within ``upload_memory``)."""
 
 
 class BufferPool:
@@ -208,3 +161,11 @@ def read_part(
 def new_digest() -> Any:
     """A fresh sha256 object (typed loosely: hashlib's type is private)."""
     return hashlib.sha256()
+
+
+def part_size_for(size: int, configured: int) -> int:
+    """The configured part size, grown (in whole MiB) if the file needs over 10,000 parts."""
+    if size <= configured * MAX_PARTS:
+        return configured
+    need = -(-size // MAX_PARTS)
+    return -(-need // MIB) * MIB

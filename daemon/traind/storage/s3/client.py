@@ -7,6 +7,11 @@ Bodies go without ``Expect: 100-continue`` (a round trip per request, before the
 only spares sending a body the store refuses), under a fixed User-Agent that botocore does
 not rebuild per request. Per-request work that does nothing for traind's requests is left
 out (``_IDLE_HANDLERS``), and response timestamps are parsed by the standard library.
+
+The request body matters on a host whose cores the trainer (and here, the server) needs:
+handing aiohttp one large ``bytes`` makes the 3.11 event loop copy whatever the socket did
+not take at once, many times the client CPU of writing the same buffer as 1 MiB memoryview
+slices with back-pressure, as ``PartBody`` does (bench/s3_upload.py).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +27,8 @@ from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import Payload
 from botocore import exceptions as bce
 from botocore import handlers
 from botocore.utils import parse_timestamp as botocore_timestamp
@@ -28,18 +36,17 @@ from botocore.utils import parse_timestamp as botocore_timestamp
 from traind import __version__
 from traind.config import S3Storage
 from traind.errors import StorageError
-from traind.storage.s3.buffers import PartBody
-from traind.storage.s3.errors import RetryPolicy, S3Target, describe, retrying
-from traind.util import redact
+from traind.storage.s3.buffers import SMALL_FILES_PER_SLOT
+from traind.storage.s3.conditional import PRECONDITION
+from traind.storage.s3.errors import describe, retrying
+from traind.storage.s3.target import RetryPolicy, S3Target
 
+WRITE_SLICE = 1024 * 1024
+"""Bytes per write of a request body (``PartBody``)."""
 LIST_PAGE = 1000
 """Keys per listing request: S3's most."""
 _MIN_SEND_RATE = 256 * 1024
 """Bytes/s below which one request attempt is abandoned as hung (and retried)."""
-SMALL_FILES_PER_SLOT = 16
-"""Files sent in one PUT go this many per ``concurrency`` slot: each is one short request,
-so its time is mostly waiting for the store's answer, and more of them in flight keep the
-connections busy (their bytes stay within ``upload_memory``)."""
 _IDLE_HANDLERS = (
     ("before-call.s3", handlers.add_expect_header),  # see the module's docstring
     ("request-created", handlers.add_retry_headers),  # botocore's retry count: always 1 here
@@ -51,22 +58,6 @@ _IDLE_HANDLERS = (
 )
 """Botocore's handlers, run on every request, that do nothing for the requests traind sends
 (or, for Expect, cost a round trip): unregistered from each client."""
-
-
-def target_of(config: S3Storage) -> S3Target:
-    """The secret-free description of where requests go."""
-    if config.access_key_id is not None:
-        creds = "storage.access_key_id/secret_access_key from the config"
-    elif config.profile:
-        creds = f"AWS profile {config.profile!r}"
-    else:
-        creds = "the default AWS credential chain (environment, profile, instance role)"
-    return S3Target(
-        bucket=config.bucket,
-        endpoint=redact.url(config.endpoint_url) if config.endpoint_url else "AWS S3",
-        region=config.region,
-        credentials=creds,
-    )
 
 
 async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, target: S3Target) -> Any:
@@ -104,6 +95,54 @@ async def open_client(config: S3Storage, stack: contextlib.AsyncExitStack, targe
     for event, handler in _IDLE_HANDLERS:
         client.meta.events.unregister(event, handler)
     return client
+
+
+class PartBody(Payload):
+    """A request body over a memoryview, sent in slices without copying.
+
+    It also offers ``read``/``seek``/``tell`` so botocore can measure it and, where a store
+    needs a checksum botocore computes itself, read it.
+    """
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__(view, content_type="application/octet-stream")
+        self._view = view
+        self._pos = 0
+
+    @property
+    def size(self) -> int:
+        return len(self._view)
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytes(self._view).decode(encoding, errors)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(
+        self, writer: AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        end = len(self._view) if content_length is None else content_length
+        view = self._view[:end]
+        for start in range(0, len(view), WRITE_SLICE):
+            await writer.write(view[start : start + WRITE_SLICE])
+
+    def read(self, amt: int = -1) -> bytes:
+        end = len(self._view) if amt is None or amt < 0 else min(len(self._view), self._pos + amt)
+        chunk = bytes(self._view[self._pos : end])
+        self._pos = end
+        return chunk
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
 
 
 def parse_timestamp(value: Any) -> datetime:
@@ -169,3 +208,16 @@ class Ops:
     def limit(self, nbytes: int) -> float:
         """Seconds one attempt that sends ``nbytes`` may take before it is abandoned as hung."""
         return self.read_timeout * 2 + nbytes / _MIN_SEND_RATE
+
+
+async def put_object(ops: Ops, key: str, data: bytes, **conditions: Any) -> bool:
+    """Put ``data`` at the full ``key`` with ``conditions`` (``IfNoneMatch``, ``IfMatch``);
+    return False when the store refused it for a condition that did not hold."""
+    try:
+        await ops.call("put_object", key, body=memoryview(data),
+                       ContentType="application/json", **conditions)
+    except StorageError as exc:
+        if exc.code in PRECONDITION:
+            return False
+        raise
+    return True

@@ -11,39 +11,23 @@ unretried, as TransientStorageError, and the daemon waits for it while a command
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import aiohttp
-import structlog
 from botocore import exceptions as bce
 
 from traind.errors import StorageError, TransientStorageError
+from traind.storage.s3.target import (
+    ClientErrors,
+    RetryPolicy,
+    S3Target,
+    answer_sentence,
+    transient_answer,
+)
+from traind.storage.s3.target import retrying as retry_translated
 from traind.util import redact
-from traind.util.retry import Backoff
-from traind.util.retry import retrying as retry
 
-log = structlog.get_logger("traind.s3")
 T = TypeVar("T")
-
-_TRANSIENT = {
-    "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "OperationAborted",
-    "IncompleteBody",
-}
-"""S3's error codes for failures that pass (any 5xx or 429 answer is one too)."""
-
-
-@dataclass
-class S3Target:
-    """Where requests go, for error messages: never holds a secret."""
-
-    bucket: str
-    endpoint: str
-    """The endpoint URL, its credentials masked (``traind.util.redact``)."""
-    region: str | None
-    credentials: str
-    reached: bool = field(default=False)
-    """Set once the endpoint has answered anything: later connection errors are restarts."""
 
 
 def error_code(exc: BaseException) -> str:
@@ -60,8 +44,7 @@ def _status(exc: bce.ClientError) -> int:
 def is_transient(exc: BaseException, target: S3Target) -> bool:
     """Whether retrying ``exc`` may succeed."""
     if isinstance(exc, bce.ClientError):
-        status = _status(exc)
-        return error_code(exc) in _TRANSIENT or status >= 500 or status == 429
+        return transient_answer(error_code(exc), _status(exc))
     if isinstance(exc, bce.SSLError | bce.ProxyConnectionError):
         return False
     if isinstance(exc, bce.EndpointConnectionError | bce.ConnectTimeoutError):
@@ -85,29 +68,10 @@ def _sentence(exc: BaseException, op: str, key: str | None, target: S3Target) ->
     at = f"at {t.endpoint}"
     code = error_code(exc)
     if isinstance(exc, bce.ClientError):
-        status = _status(exc)
-        msg = exc.response.get("Error", {}).get("Message") or ""
-        if code == "NoSuchBucket" or (code in {"404", "NotFound"} and op == "head_bucket"):
-            return f"bucket {t.bucket!r} does not exist {at} (check storage.bucket)"
-        if code == "InvalidAccessKeyId":
-            return f"the access key id is not known {at} (credentials: {t.credentials})"
-        if code == "SignatureDoesNotMatch":
-            return (f"the secret access key does not match the access key id {at} "
-                    f"(credentials: {t.credentials})")
-        if code in {"ExpiredToken", "InvalidToken", "TokenRefreshRequired"}:
-            return f"the session token is expired or invalid {at} (credentials: {t.credentials})"
-        if code in {"AccessDenied", "AllAccessDisabled", "403"}:
-            return (f"access denied for {op} on {where} {at}: the credentials "
-                    f"({t.credentials}) lack permission, or are wrong")
-        if code in {"PermanentRedirect", "AuthorizationHeaderMalformed", "301"}:
-            region = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
-                "x-amz-bucket-region", "another region"
-            )
-            return (f"bucket {t.bucket!r} is in {region}, not in {t.region or 'the default'} "
-                    f"{at} (set storage.region)")
-        if code == "InvalidBucketName":
-            return f"bucket name {t.bucket!r} is not valid {at}"
-        return f"{op} on {where} {at} failed: {code or status} {msg}".rstrip()
+        region = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
+            "x-amz-bucket-region")
+        return answer_sentence(code, _status(exc), exc.response.get("Error", {}).get(
+            "Message") or "", op, key, t, region)
     if isinstance(exc, bce.SSLError):
         return f"TLS handshake with {t.endpoint} failed: {exc}"
     if _unreached(exc, t):
@@ -146,19 +110,9 @@ _LIBRARY_ERRORS = (
 )
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Capped exponential backoff with full jitter: ``uniform(base, min(cap, base * 2**n))``
-    (never less than ``base``, so a retry never hits a restarting server at once)."""
-
-    retries: int
-    base: float = 0.2
-    cap: float = 20.0
-
-    @property
-    def backoff(self) -> Backoff:
-        """The pauses between attempts."""
-        return Backoff(self.base, self.cap, jitter=1.0)
+BOTOCORE = ClientErrors(_LIBRARY_ERRORS, lambda exc: isinstance(exc, bce.ClientError),
+                       error_code, is_transient, translate)
+"""How aiobotocore's failures read."""
 
 
 async def retrying(
@@ -169,27 +123,5 @@ async def retrying(
     policy: RetryPolicy,
 ) -> T:
     """Await ``attempt()`` until it succeeds, a permanent error happens, or retries run out;
-    raise the translated error."""
-
-    async def once() -> T:
-        try:
-            result = await attempt()
-        except bce.ClientError:
-            target.reached = True
-            raise
-        target.reached = True
-        return result
-
-    def retried(exc: BaseException) -> bool:
-        # An endpoint never reached is down or misconfigured: the caller decides.
-        return isinstance(exc, _LIBRARY_ERRORS) and is_transient(exc, target)
-
-    def logged(exc: BaseException, n: int, pause: float) -> None:
-        log.warning("s3_retry", op=op, key=key, attempt=n, delay=round(pause, 2),
-                    error=error_code(exc) or type(exc).__name__)
-
-    try:
-        return await retry(once, policy.backoff, policy.retries, retried, logged)
-    except _LIBRARY_ERRORS as exc:
-        note = f" (gave up after {policy.retries + 1} attempts)" if retried(exc) else ""
-        raise translate(exc, op, key, target, note) from exc
+    raise the translated error (``target.retrying`` with aiobotocore's errors)."""
+    return await retry_translated(attempt, op, key, target, policy, BOTOCORE)

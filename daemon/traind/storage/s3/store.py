@@ -21,28 +21,19 @@ from typing import Any
 import structlog
 
 from traind.config import S3Storage
-from traind.errors import IntegrityError, StorageError
-from traind.layout.keys import check_key, check_relpath
+from traind.errors import StorageError
+from traind.layout.keys import check_relpath
 from traind.storage.base import (
-    OVERWRITE,
     Advance,
     Blob,
-    Capabilities,
     LocalFile,
     ObjectMeta,
-    PutMode,
     UploadSession,
 )
-from traind.storage.s3.buffers import BufferPool, TokenBucket
-from traind.storage.s3.client import SMALL_FILES_PER_SLOT, Ops, open_client, target_of
-from traind.storage.s3.conditional import (
-    CONDITIONAL,
-    LISTED,
-    honours_conditional,
-    put_object,
-)
+from traind.storage.s3.buffers import SMALL_FILES_PER_SLOT, BufferPool
+from traind.storage.s3.client import Ops, open_client, put_object
 from traind.storage.s3.download import RANGE_SIZE, fetch_file
-from traind.storage.s3.errors import RetryPolicy
+from traind.storage.s3.shared import S3StoreBase
 from traind.storage.s3.upload import Uploader, upload_id_of
 from traind.util.tasks import Slots, task_group
 
@@ -51,31 +42,15 @@ DELETE_BATCH = 1000
 """Keys per ``delete_objects`` request: S3's most."""
 
 
-class S3Store:
-    """Objects in ``s3://<bucket>/<prefix>/<run>/``; no I/O until first used."""
+class S3Store(S3StoreBase):
+    """Objects in ``s3://<bucket>/<prefix>/<run>/`` through aiobotocore; no I/O until first
+    used."""
 
     def __init__(self, config: S3Storage, run: str) -> None:
-        self._config = config
-        self._run_prefix = f"{config.prefix}/{run}/" if config.prefix else f"{run}/"
-        self._target = target_of(config)
-        self._policy = RetryPolicy(config.retries, cap=config.retry_max_delay)
+        super().__init__(config, run)
         self._stack = contextlib.AsyncExitStack()
         self._ops: Ops | None = None
         self._lock = asyncio.Lock()
-        self._bandwidth = TokenBucket(config.max_bandwidth) if config.max_bandwidth else None
-        self._caps: Capabilities | None = None
-        self._caps_lock = asyncio.Lock()
-
-    @property
-    def describe(self) -> str:
-        where = f"s3://{self._config.bucket}/{self._run_prefix}"
-        return f"{where} at {self._target.endpoint}" if self._config.endpoint_url else where
-
-    def where(self, key: str) -> str:
-        return f"s3://{self._config.bucket}/{self._run_prefix}{key}"
-
-    def _key(self, key: str) -> str:
-        return self._run_prefix + check_key(key)
 
     async def _client(self) -> Ops:
         async with self._lock:
@@ -84,48 +59,22 @@ class S3Store:
                 self._ops = Ops(client, self._target, self._policy, self._config.read_timeout)
             return self._ops
 
-    async def capabilities(self) -> Capabilities:
-        async with self._caps_lock:
-            if self._caps is None:
-                self._caps = await self._detect(await self._client())
-            return self._caps
+    async def _put_full(self, full: str, data: bytes, *, create: bool = False,
+                        version: str | None = None) -> bool:
+        conditions = {"IfNoneMatch": "*"} if create else {"IfMatch": version} if version else {}
+        return await put_object(await self._client(), full, data, **conditions)
 
-    async def _detect(self, ops: Ops) -> Capabilities:
-        c = await honours_conditional(ops, self._run_prefix)
-        return Capabilities(create=c, update=c, claim=CONDITIONAL if c else LISTED)
-
-    async def put(self, key: str, data: bytes, mode: PutMode = OVERWRITE) -> bool:
-        full = self._key(key)
+    async def _etag(self, full: str) -> str | None:
         ops = await self._client()
-        if mode.kind == "overwrite":
-            return await put_object(ops, full, data)
-        caps = await self.capabilities()
-        if mode.kind == "create":
-            if caps.create:
-                return await put_object(ops, full, data, IfNoneMatch="*")
-            if await self._etag(ops, full) is not None:
-                return False
-            return await put_object(ops, full, data)
-        assert mode.version is not None
-        if caps.update:
-            try:
-                return await put_object(ops, full, data, IfMatch=mode.version)
-            except StorageError as exc:
-                if exc.missing:
-                    return False
-                raise
-        if await self._etag(ops, full) != mode.version:
-            return False
-        return await put_object(ops, full, data)
-
-    async def _etag(self, ops: Ops, full: str) -> str | None:
-        """The ETag of the object at the full key ``full``, None when there is none."""
         try:
             return str((await ops.call("head_object", full)).get("ETag", ""))
         except StorageError as exc:
             if exc.missing:
                 return None
             raise
+
+    async def _delete_full(self, full: str) -> None:
+        await (await self._client()).call("delete_object", full)
 
     async def get(self, key: str) -> Blob | None:
         ops = await self._client()
@@ -182,12 +131,7 @@ class S3Store:
             return
         ops = await self._client()
         objects = [self._key(k) for k in keys]
-        # A store on a filer (SeaweedFS) lists a directory after its last object went, so the
-        # directory keys go too, after the objects, deepest first. S3 has no such keys
-        # (deleting none is no error), and such a store keeps a directory still holding any.
-        dirs = sorted({self._run_prefix + k[:i + 1] for k in keys for i, c in enumerate(k)
-                       if c == "/"}, key=lambda d: (-d.count("/"), d))
-        ordered = objects + dirs
+        ordered = objects + self._directories(keys, slash=True)
         for start in range(0, len(ordered), DELETE_BATCH):
             await self._delete_batch(ops, ordered[start:start + DELETE_BATCH], set(objects))
 
@@ -235,30 +179,16 @@ class S3Store:
         self, prefix: str, files: Sequence[LocalFile], dest: Path, advance: Advance
     ) -> dict[str, str]:
         ops = await self._client()
-        hashes: dict[str, str] = {}
         # ``concurrency`` GETs in flight, each into its own buffer. A range received ahead
         # of a slower one keeps its buffer until it is hashed; spare buffers for such ranges
         # gained nothing measurable (one spare, or twice the buffers).
         pool = BufferPool(self._config.concurrency * RANGE_SIZE)
 
-        async def one(f: LocalFile) -> None:
-            key = self._key(prefix + f.path)
-            try:
-                hashes[f.path] = await fetch_file(
-                    ops, key, dest / check_relpath(f.path), f.size, pool, RANGE_SIZE, advance,
-                    self._bandwidth,
-                )
-            except StorageError as exc:
-                if not exc.missing:
-                    raise
-                raise IntegrityError(
-                    f"s3://{self._config.bucket}/{key}: missing from the store ({exc.code})"
-                ) from exc
+        async def one(f: LocalFile, key: str) -> str:
+            return await fetch_file(ops, key, dest / check_relpath(f.path), f.size, pool,
+                                    RANGE_SIZE, advance, self._bandwidth)
 
-        async with task_group() as tg:
-            for f in files:
-                tg.create_task(one(f))
-        return hashes
+        return await self._fetched(prefix, files, one)
 
     async def abort_uploads(self, prefix: str, keep: Collection[str] = ()) -> int:
         keep_ids = {uid for state in keep if (uid := upload_id_of(state))}
@@ -302,10 +232,7 @@ class S3Store:
                     exc = await self._diagnose(ops) or exc
                 raise type(exc)(f"probe failed at {what}: {exc}", code=exc.code,
                                 status=exc.status, key=exc.key, op=exc.op) from exc
-        async with self._caps_lock:
-            self._caps = caps = await self._detect(ops)
-        log.info("s3_probe_ok", bucket=self._config.bucket, prefix=self._run_prefix,
-                 claim=caps.claim)
+        await self._probed()
 
     async def _diagnose(self, ops: Ops) -> StorageError | None:
         """HEAD errors have no body; a GET on the bucket says which credential is wrong."""

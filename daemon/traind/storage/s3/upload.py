@@ -23,17 +23,19 @@ import structlog
 
 from traind.errors import StorageError
 from traind.storage.base import UploadSession
-from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest, read_part
+from traind.storage.s3.buffers import (
+    INLINE_READ,
+    BufferPool,
+    TokenBucket,
+    new_digest,
+    part_size_for,
+    read_part,
+)
 from traind.storage.s3.client import Ops
 from traind.util.fileio import SharedFd, hash_file, local_errors
 from traind.util.tasks import task_group
 
 log = structlog.get_logger("traind.s3")
-MAX_PARTS = 10_000
-MIB = 1024 * 1024
-INLINE_READ = 256 * 1024
-"""Files up to this size are read and hashed on the event loop: for a checkpoint of many
-small files, a hop to a worker thread per file costs more than the read itself."""
 
 
 @dataclass
@@ -79,14 +81,6 @@ def upload_id_of(state: str) -> str | None:
     """The multipart upload id inside a saved resume state, if it has one."""
     resume = Resume.from_json(state)
     return resume.upload_id if resume else None
-
-
-def part_size_for(size: int, configured: int) -> int:
-    """The configured part size, grown (in whole MiB) if the file needs over 10,000 parts."""
-    if size <= configured * MAX_PARTS:
-        return configured
-    need = -(-size // MAX_PARTS)
-    return -(-need // MIB) * MIB
 
 
 def multipart_etag(parts: dict[int, tuple[str, str | None]]) -> str:
