@@ -26,9 +26,9 @@ from packaging.requirements import Requirement
 STDLIB_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
                   "site-packages", "__pycache__"}
 """Top-level entries of the standard library left out: big and never used here."""
-PROGRAMS = ("/usr/bin/mktemp", "/usr/bin/rm")
-"""Programs beside the shell: what a job's entry command (launch's jobflow) and the
-container recipe's RUN use."""
+PROGRAMS = ("/usr/bin/mktemp", "/usr/bin/rm", "/usr/bin/sleep")
+"""Programs beside the shell: what a job's entry command (launch's jobflow), the Docker
+adapter's timeout and the container recipe's RUN use."""
 
 
 def closure(names: Iterable[str]) -> dict[str, importlib.metadata.Distribution]:

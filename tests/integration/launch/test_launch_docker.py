@@ -29,7 +29,7 @@ from tests.support.requires import need_module
 from traind.launch.commands import jobflow
 from traind.launch.errors import LaunchError
 from traind.launch.handles import LaunchStore
-from traind.launch.jobs import LABEL
+from traind.launch.jobs import LABEL, JobState
 from traind.launch.providers.docker.engine import (
     EngineUnreachableError,
     GPURequestError,
@@ -151,6 +151,29 @@ async def test_container_past_its_timeout_is_stopped_and_reported_as_timeout(
         facts = await jobflow.status(ctx, record)
         assert (outcome, facts["state"]) == ("timeout", "timeout"), lines
         assert "timeout of 3s" in facts["message"]
+        await jobflow.down(ctx, record, pull_first=False)
+    assert await left(dockerd, "dk") == []
+
+
+async def test_a_container_ends_at_its_timeout_with_nobody_watching(
+    tmp_path: Path, dockerd: Dockerd, base_image: str, store: LaunchStore
+) -> None:
+    """A launched container that nothing follows (a ``--detach``) still ends at ``timeout``:
+    traind in it is sent SIGTERM, as by ``docker stop``, and exits 0; the engine lists it
+    exited, and the adapter reports it TIMEOUT."""
+    ctx = context(tmp_path, store, table(dockerd, base_image, tmp_path, timeout="3s"))
+
+    async def listed() -> dict[str, object]:
+        (container,) = await left(dockerd, "dk")
+        return container
+
+    async with asyncio.timeout(90):
+        record = await jobflow.launch(ctx, tmp_path / "l.toml")
+        ended = await poll_until(listed, done=lambda c: c["State"] == "exited", within=60,
+                                 every=0.5)
+        assert ended["State"] == "exited", ended
+        assert str(ended["Status"]).startswith("Exited (0)"), ended
+        assert (await ctx.backend.inspect(record.handle)).state is JobState.TIMEOUT
         await jobflow.down(ctx, record, pull_first=False)
     assert await left(dockerd, "dk") == []
 

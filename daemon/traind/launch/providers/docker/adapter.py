@@ -1,20 +1,22 @@
 """The ``docker`` adapter: a launch is one container on a Docker Engine, running
 ``traind run`` as its entrypoint.
 
-The engine has no job timeout and no secret store for plain containers: the adapter stops
-a container that has run past ``[docker] timeout`` whenever it looks at it (inspect, or
-while following its log) and reports it TIMEOUT (the timeout rides along as a label, so a
-new shell tells it apart too); secrets reach the container as environment variables.
+The engine has no job timeout and no secret store for plain containers. So the container
+ends itself at ``[docker] timeout``: a sleeper started beside the command sends it SIGTERM,
+as ``docker stop`` would, whether or not a ``traind launch`` follows it (and one that looks
+at a container past its timeout stops it too, for an image without ``sleep``). The timeout
+rides along as a label, so a new shell reports the end as TIMEOUT. Secrets reach the
+container as environment variables.
 States: ``created`` is PENDING, ``running`` (or paused, restarting) RUNNING, ``exited``
 with 0 COMPLETED, with anything else ERROR (``OOMKilled`` said), removed GONE.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,11 +28,12 @@ from traind.launch.config import DockerSection
 from traind.launch.errors import InstanceNotFoundError
 from traind.launch.jobs import LABEL, JobSpec, JobState, JobStatus
 from traind.launch.providers.docker.engine import BACKEND, docker_host, engine
-from traind.util.poll import poll_until
 
 log = structlog.get_logger("traind.launch")
 TIMEOUT_LABEL = "traind-timeout"
 LIVE = ["created", "running", "restarting", "paused"]
+_RESEND = 5
+"""Seconds between the timeout's SIGTERMs to a container's command that is still there."""
 
 
 def _seconds(started: str, finished: str | None) -> float | None:
@@ -70,8 +73,22 @@ def status_of(info: dict[str, Any]) -> JobStatus:
     return JobStatus(JobState.ERROR, message, flavor, running_seconds=ran)
 
 
+def bounded(command: Sequence[str], timeout: float) -> list[str]:
+    """``command``, sent SIGTERM after ``timeout`` seconds (0: never) by a sleeper beside it.
+    The shell's PID, which the sleeper signals, is the command's once ``exec`` hands it on,
+    so traind stays PID 1 and ends as on ``docker stop``: it commits, then exits. The signal
+    is sent again every few seconds until it is gone: PID 1 ignores one that arrives before
+    its handler is installed."""
+    if timeout <= 0:
+        return list(command)
+    sleeper = (f"(sleep {math.ceil(timeout)} && while kill -TERM $$ 2>/dev/null; "
+               f"do sleep {_RESEND}; done) &")
+    return ["sh", "-c", f'{sleeper} exec "$@"', "sh", *command]
+
+
 def container_config(spec: JobSpec, config: DockerSection) -> dict[str, Any]:
-    """The ``POST /containers/create`` body of ``spec``."""
+    """The ``POST /containers/create`` body of ``spec``: its command as the entrypoint, so
+    an image's own ENTRYPOINT (the container recipe's ``traind run``) is not prepended."""
     host: dict[str, Any] = {"NetworkMode": config.network, "Binds": list(config.mounts)}
     if config.gpus:
         count = -1 if config.gpus == "all" else config.gpus
@@ -79,7 +96,7 @@ def container_config(spec: JobSpec, config: DockerSection) -> dict[str, Any]:
                                    "Capabilities": [["gpu"]]}]
     env = {**spec.env, **spec.secrets}
     return {
-        "Image": spec.image, "Cmd": list(spec.command),
+        "Image": spec.image, "Entrypoint": bounded(spec.command, spec.timeout),
         "Env": [f"{key}={value}" for key, value in env.items()],
         "Labels": {**spec.labels, LABEL: spec.label, TIMEOUT_LABEL: str(spec.timeout),
                    "traind-flavor": spec.flavor},
@@ -139,33 +156,18 @@ class DockerBackend:
     async def logs(
         self, handle: Handle, follow: bool, tail: int | None = None
     ) -> AsyncIterator[str]:
-        """The container's stdout and stderr (demultiplexed), line by line; while following,
-        the container is stopped at its timeout."""
+        """The container's stdout and stderr (demultiplexed), line by line."""
         what = f"logs of container {handle.instance_id[:12]}"
-        watchdog = asyncio.create_task(self._timeout_watch(handle)) if follow else None
-        try:
-            async with engine(self.host, what) as docker:
-                container = docker.containers.container(handle.instance_id)
-                pending = ""
-                async for chunk in _chunks(container, follow, "all" if tail is None else tail):
-                    pending += chunk
-                    *lines, pending = pending.split("\n")
-                    for line in lines:
-                        yield line
-                if pending:
-                    yield pending
-        finally:
-            if watchdog is not None:
-                watchdog.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watchdog
-
-    async def _timeout_watch(self, handle: Handle) -> None:
-        """Inspect (which stops it past its timeout) once the timeout is due."""
-        if self.config.timeout <= 0:
-            return
-        await poll_until(lambda: self.inspect(handle), done=lambda s: s.state.ended,
-                         within=None, every=self.config.poll_interval)
+        async with engine(self.host, what) as docker:
+            container = docker.containers.container(handle.instance_id)
+            pending = ""
+            async for chunk in _chunks(container, follow, "all" if tail is None else tail):
+                pending += chunk
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    yield line
+            if pending:
+                yield pending
 
     async def cancel(self, handle: Handle) -> None:
         """Stop (SIGTERM, SIGKILL after ``stop_timeout``) and remove the container."""
