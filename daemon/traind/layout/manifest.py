@@ -6,7 +6,7 @@ import json
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -265,8 +265,8 @@ def verify(manifest: Manifest, got: Mapping[str, tuple[int, str]]) -> None:
 def to_json(record: Any, **extra: Any) -> bytes:
     """A manifest-like dataclass (a checkpoint's, or one host's part) as its on-store JSON,
     with ``extra`` fields added."""
-    body = asdict(record)
-    body["files"] = [asdict(f) for f in record.files]
+    body = asdict(replace(record, files=()))
+    body["files"] = [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in record.files]
     body.update(extra)
     return json.dumps(body, indent=1, sort_keys=True, allow_nan=False).encode()
 

@@ -82,11 +82,12 @@ def walk(root: Path) -> list[tuple[str, Path]]:
             rel = path.relative_to(root).as_posix()
             if rel == EXPLICIT_MARKER:
                 continue
-            if path.is_symlink():
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
                 target = path.resolve()
                 inside = target.is_relative_to(real_root) and target.is_file()
                 found.append((rel, target if inside else Path()))
-            elif stat.S_ISREG(path.lstat().st_mode):
+            elif stat.S_ISREG(mode):
                 found.append((rel, path))
             else:
                 found.append((rel, Path()))
@@ -121,6 +122,7 @@ def take(src: Path, dest: Path, whole: bool = False, empty_ok: bool = False) -> 
     newest = 0.0
     copied = 0
     skipped: list[str] = []
+    made: set[Path] = set()  # directories made in tmp: one mkdir each, not one a file
     try:
         entries = walk(src)
         if not src.is_dir():
@@ -131,7 +133,9 @@ def take(src: Path, dest: Path, whole: bool = False, empty_ok: bool = False) -> 
                 continue
             check_relpath(rel)
             target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent not in made:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                made.add(target.parent)
             if _link_or_copy(path, target):
                 copied += 1
             st = target.stat()

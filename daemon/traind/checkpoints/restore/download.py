@@ -190,10 +190,16 @@ def _sizes(root: Path, paths: list[str]) -> dict[str, int]:
 def _make_durable(root: Path, paths: list[str]) -> None:
     """fsync every restored file and directory, so the rename publishes data on disk: a
     power cut after it must not leave a damaged checkpoint that looks restored."""
-    dirs = {root}
+    dirs = {""}  # relative to root, "" being root itself
     for p in paths:
-        with open(root / p, "rb") as f:
-            os.fsync(f.fileno())
-        dirs.update(parent for parent in (root / p).parents if parent.is_relative_to(root))
+        fd = os.open(os.path.join(root, p), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        parent = os.path.dirname(p)
+        while parent not in dirs:  # strings: pathlib's parents cost 0.03 ms a file
+            dirs.add(parent)
+            parent = os.path.dirname(parent)
     for d in dirs:
-        fsync_dir(d)
+        fsync_dir(root / d)
