@@ -27,6 +27,8 @@ from traind.launch.handles import LaunchRecord, LaunchStore
 from traind.util.proc.child import uninterrupted
 
 log = structlog.get_logger("traind.launch")
+FINISHED_EVENTS = frozenset({"run_complete"})
+"""traind's events saying its run is complete (the trainer finished, all committed)."""
 _STEP = re.compile(r"\bstep=(\d+)\b")
 
 
@@ -104,7 +106,7 @@ class Progress:
         if isinstance(event, dict):
             if event.get("event") == "checkpoint_committed" and isinstance(event.get("step"), int):
                 self.checkpoint, self.checkpoint_step = str(event.get("tag")), event["step"]
-            self.run_complete = self.run_complete or event.get("event") == "run_complete"
+            self.run_complete = self.run_complete or event.get("event") in FINISHED_EVENTS
             text = str(event.get("line") or event.get("message") or "")
         else:
             text = line

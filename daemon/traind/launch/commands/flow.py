@@ -38,7 +38,6 @@ from traind.util.poll import poll_until
 log = structlog.get_logger("traind.launch")
 REACH_INTERVAL = 2.0
 """Seconds between tries of a host that does not answer yet."""
-FINISHED_EVENTS = frozenset({"run_complete"})
 """traind log events after which the run is over: trained, and every checkpoint committed."""
 ENDED = frozenset({HostState.DESTROYED, HostState.STOPPED})
 """Host states, as the provider lists them, in which the run cannot go on."""
@@ -301,7 +300,7 @@ async def follow(
 
     def sink(line: str) -> None:
         out(line)
-        if log_event(line) in FINISHED_EVENTS:
+        if log_event(line) in recovery.FINISHED_EVENTS:
             finished.set()
 
     where = layout(record)
@@ -338,7 +337,7 @@ async def _finished_unseen(ctx: Context, record: LaunchRecord) -> bool:
     await ctx.backend.run_remote(
         record.handle, service.logs(record.service, layout(record), 200, follow=False),
         stream=seen.append, timeout=60)
-    return any(log_event(line) in FINISHED_EVENTS for line in seen)
+    return any(log_event(line) in recovery.FINISHED_EVENTS for line in seen)
 
 
 async def follow_recovering(

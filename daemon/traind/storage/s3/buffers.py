@@ -158,6 +158,17 @@ def read_part(
     return base64.b64encode(crc32(view).to_bytes(4, "big")).decode()
 
 
+def read_whole(path: os.PathLike[str] | str, view: memoryview, digest: Any, crc: bool
+               ) -> str | None:
+    """``read_part`` of a whole file from its start into ``view`` (blocking; in a thread
+    unless small)."""
+    file = SharedFd(os.open(path, os.O_RDONLY))
+    try:
+        return read_part(file, 0, view, digest, crc)
+    finally:
+        file.close()
+
+
 def new_digest() -> Any:
     """A fresh sha256 object (typed loosely: hashlib's type is private)."""
     return hashlib.sha256()

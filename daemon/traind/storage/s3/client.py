@@ -38,8 +38,8 @@ from traind.config import S3Storage
 from traind.errors import StorageError
 from traind.storage.s3.buffers import SMALL_FILES_PER_SLOT
 from traind.storage.s3.conditional import PRECONDITION
-from traind.storage.s3.errors import describe, retrying
-from traind.storage.s3.target import RetryPolicy, S3Target
+from traind.storage.s3.errors import BOTOCORE, describe
+from traind.storage.s3.target import RetryPolicy, S3Target, retrying
 
 WRITE_SLICE = 1024 * 1024
 """Bytes per write of a request body (``PartBody``)."""
@@ -189,7 +189,7 @@ class Ops:
                 result: dict[str, Any] = await method(**kwargs)
             return result
 
-        return await retrying(attempt, op, key, self.target, self.policy)
+        return await retrying(attempt, op, key, self.target, self.policy, BOTOCORE)
 
     async def pages(self, prefix: str, **params: Any) -> AsyncIterator[dict[str, Any]]:
         """Each page of ``list_objects_v2`` under ``prefix`` (``LIST_PAGE`` keys a request),

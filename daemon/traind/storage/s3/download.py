@@ -28,7 +28,8 @@ from typing import Any
 from traind.errors import IntegrityError
 from traind.storage.s3.buffers import BufferPool, TokenBucket, new_digest
 from traind.storage.s3.client import Ops
-from traind.storage.s3.errors import retrying
+from traind.storage.s3.errors import BOTOCORE
+from traind.storage.s3.target import retrying
 from traind.util.fileio import SharedFd, create, local_errors, trim, write_at
 from traind.util.tasks import task_group
 
@@ -183,7 +184,7 @@ async def _fetch_range(
 
     if bandwidth is not None:
         await bandwidth.take(end - start)
-    await retrying(attempt, "get_object", key, ops.target, ops.policy)
+    await retrying(attempt, "get_object", key, ops.target, ops.policy, BOTOCORE)
     for done in await asyncio.to_thread(asm.put, start, buf, end - start):
         pool.release(done)
     advance(end - start)

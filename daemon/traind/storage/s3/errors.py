@@ -10,7 +10,6 @@ unretried, as TransientStorageError, and the daemon waits for it while a command
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import aiohttp
@@ -19,12 +18,10 @@ from botocore import exceptions as bce
 from traind.errors import StorageError, TransientStorageError
 from traind.storage.s3.target import (
     ClientErrors,
-    RetryPolicy,
     S3Target,
     answer_sentence,
     transient_answer,
 )
-from traind.storage.s3.target import retrying as retry_translated
 from traind.util import redact
 
 T = TypeVar("T")
@@ -113,15 +110,3 @@ _LIBRARY_ERRORS = (
 BOTOCORE = ClientErrors(_LIBRARY_ERRORS, lambda exc: isinstance(exc, bce.ClientError),
                        error_code, is_transient, translate)
 """How aiobotocore's failures read."""
-
-
-async def retrying(
-    attempt: Callable[[], Awaitable[T]],
-    op: str,
-    key: str | None,
-    target: S3Target,
-    policy: RetryPolicy,
-) -> T:
-    """Await ``attempt()`` until it succeeds, a permanent error happens, or retries run out;
-    raise the translated error (``target.retrying`` with aiobotocore's errors)."""
-    return await retry_translated(attempt, op, key, target, policy, BOTOCORE)

@@ -40,6 +40,7 @@ from traind.storage.s3.buffers import (
     new_digest,
     part_size_for,
     read_part,
+    read_whole,
 )
 from traind.storage.s3.conditional import PRECONDITION
 from traind.storage.s3.obstore_client import Calls, open_store
@@ -214,9 +215,9 @@ class ObstoreS3Store(S3StoreBase):
             digest = new_digest()
             with local_errors("read", path):
                 if size <= INLINE_READ:
-                    _read_whole(path, view, digest)
+                    read_whole(path, view, digest, False)
                 else:
-                    await asyncio.to_thread(_read_whole, path, view, digest)
+                    await asyncio.to_thread(read_whole, path, view, digest, False)
             if self._bandwidth is not None:
                 await self._bandwidth.take(size)
             # A copy: obstore keeps the buffer it is handed for as long as its request runs,
@@ -360,12 +361,3 @@ class ObstoreS3Store(S3StoreBase):
 
     async def aclose(self) -> None:
         self._calls = self._parts = None
-
-
-def _read_whole(path: Path, view: memoryview, digest: object) -> None:
-    """Fill ``view`` from the start of ``path``, hashed into ``digest``."""
-    file = SharedFd(os.open(path, os.O_RDONLY))
-    try:
-        read_part(file, 0, view, digest, False)
-    finally:
-        file.close()

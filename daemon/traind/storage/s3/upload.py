@@ -30,6 +30,7 @@ from traind.storage.s3.buffers import (
     new_digest,
     part_size_for,
     read_part,
+    read_whole,
 )
 from traind.storage.s3.client import Ops
 from traind.util.fileio import SharedFd, hash_file, local_errors
@@ -119,9 +120,9 @@ class Uploader:
             view = memoryview(buf)[:size]
             digest = new_digest()
             if size <= INLINE_READ:
-                crc = _read_whole(path, view, digest, self._crc)
+                crc = read_whole(path, view, digest, self._crc)
             else:
-                crc = await asyncio.to_thread(_read_whole, path, view, digest, self._crc)
+                crc = await asyncio.to_thread(read_whole, path, view, digest, self._crc)
             await self._put(key, view, crc)
         finally:
             self._pool.release(buf)
@@ -337,11 +338,3 @@ def _confirmed(
             continue
         kept[number] = (etag, crc)
     return kept
-
-
-def _read_whole(path: Path, view: memoryview, digest: Any, crc: bool) -> str | None:
-    file = SharedFd(os.open(path, os.O_RDONLY))
-    try:
-        return read_part(file, 0, view, digest, crc)
-    finally:
-        file.close()
